@@ -1,0 +1,3 @@
+from quoteflow.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,65 @@
+"""The composition root: ``create_app`` wires settings, session, client and service."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+from aiohttp import web
+
+from quoteflow import handlers
+from quoteflow.config import Settings
+from quoteflow.service import QuoteService, SupplierGateway
+from quoteflow.supplier import SupplierClient
+
+SETTINGS = web.AppKey("settings", Settings)
+SUPPLIER_CLIENT = web.AppKey("supplier_client", SupplierClient)
+
+GatewayFactory = Callable[[SupplierClient], SupplierGateway]
+
+
+def create_app(settings: Settings, *, gateway: GatewayFactory | None = None) -> web.Application:
+    """Build the QuoteFlow app; no I/O happens until it starts.
+
+    ``gateway`` wraps the real supplier client — a seam for tests that need a
+    supplier call to misbehave in ways no HTTP server can (a bug in our code).
+    """
+    app = web.Application(
+        client_max_size=settings.max_request_bytes,
+        middlewares=[handlers.error_middleware],
+    )
+    app[SETTINGS] = settings
+    app.cleanup_ctx.append(_supplier_session(gateway))
+    handlers.add_routes(app)
+    return app
+
+
+def _supplier_session(
+    gateway: GatewayFactory | None,
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def session_ctx(app: web.Application) -> AsyncIterator[None]:
+        """The app's one ``ClientSession``, open from start-up to shutdown."""
+        settings = app[SETTINGS]
+        connector = aiohttp.TCPConnector(limit=settings.outbound_limit)
+        timeout = aiohttp.ClientTimeout(
+            total=None,  # a total timeout can eat the request deadline's cancellation
+            sock_connect=settings.connect_timeout,
+            sock_read=settings.read_timeout,
+        )
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=timeout, trust_env=False
+        ) as session:
+            # aiohttp silently re-sends an idempotent request once after a
+            # dropped connection (aio-libs/aiohttp#10790): our two attempts
+            # would become four on the wire. Only this private switch stops it.
+            session._retry_connection = False
+            client = SupplierClient(session, settings)
+            app[SUPPLIER_CLIENT] = client
+            app[handlers.SERVICE] = QuoteService(
+                gateway(client) if gateway else client,
+                budget=settings.budget,
+                inbound_limit=settings.inbound_limit,
+            )
+            yield
+
+    return session_ctx

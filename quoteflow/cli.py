@@ -1,0 +1,79 @@
+"""Command line and environment → ``Settings``; the only place that reads either."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+from aiohttp import web
+
+from quoteflow.app import create_app
+from quoteflow.config import Settings
+
+# flag name → (environment variable or None, parser, help)
+_OPTIONS: dict[str, tuple[str | None, Callable[[str], Any], str]] = {
+    "host": (None, str, "address to listen on (default 127.0.0.1)"),
+    "port": (None, int, "port to listen on (default 9100)"),
+    "provider_url": ("QUOTEFLOW_PROVIDER_URL", str, "base URL of the suppliers"),
+    "budget": ("QUOTEFLOW_BUDGET", float, "seconds per request, whatever happens (default 0.8)"),
+    "inbound_limit": ("QUOTEFLOW_INBOUND_LIMIT", int, "requests served at once (default 8)"),
+    "outbound_limit": (
+        "QUOTEFLOW_OUTBOUND_LIMIT",
+        int,
+        "supplier attempts in flight at once (default 6)",
+    ),
+    "connect_timeout": (None, float, "socket connect timeout of one attempt, seconds"),
+    "read_timeout": (None, float, "longest silence while reading an answer, seconds"),
+}
+
+
+class ConfigError(Exception):
+    """A flag or environment variable has a value QuoteFlow cannot run with."""
+
+
+def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
+    """Build ``Settings`` from flags, then environment variables, then defaults."""
+    parser = argparse.ArgumentParser(prog="quoteflow", description=__doc__)
+    for name, (env, _, help_text) in _OPTIONS.items():
+        suffix = f" [env {env}]" if env else ""
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, help=help_text + suffix)
+    args = parser.parse_args(argv)
+    values: dict[str, Any] = {}
+    for name, (env, convert, _) in _OPTIONS.items():
+        raw = getattr(args, name)
+        source = "--" + name.replace("_", "-")
+        if raw is None and env is not None and env in environ:
+            raw, source = environ[env], env
+        if raw is None:
+            continue
+        try:
+            values[name] = convert(raw)
+        except ValueError:
+            raise ConfigError(f"{source}: {raw!r} is not a valid {convert.__name__}") from None
+    try:
+        return Settings(**values)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run QuoteFlow until interrupted; a bad setting exits 2 with one line."""
+    try:
+        settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
+    except ConfigError as exc:
+        print(f"quoteflow: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"QuoteFlow on http://{settings.host}:{settings.port} -> {settings.provider_url}")
+    print(f"  {attrs.asdict(settings)}", flush=True)
+    web.run_app(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        access_log=None,
+        print=None,
+    )
+    return 0

@@ -1,0 +1,242 @@
+"""The edges where bytes become models and models become JSON.
+
+Two private, strict cattrs converters. cattrs' defaults are lenient on purpose
+(``int("100")``, ``int(True)``, ``int(1.5)`` and ``str(None)`` all succeed, and
+unknown keys are dropped); on both edges that would turn a wrong value into a
+plausible one, so every primitive hook here checks the exact type and every
+unknown key is an error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import cattrs
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
+from cattrs.gen import make_dict_structure_fn, override
+
+from quoteflow.config import SCENARIOS
+from quoteflow.errors import (
+    BadRequestBody,
+    FieldError,
+    InvalidRequest,
+    InvalidSupplierData,
+)
+from quoteflow.models import QuoteRequest, QuoteResult, SupplierQuote
+
+# -- JSON text -----------------------------------------------------------------
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise ValueError("duplicate key in JSON object")
+    return obj
+
+
+def _loads(body: bytes) -> Any:
+    """Strict JSON: no NaN/Infinity, no duplicate keys. Raises ValueError."""
+    try:
+        return json.loads(
+            body,
+            parse_constant=_reject_constant,
+            object_pairs_hook=_reject_duplicate_keys,
+        )
+    except RecursionError as exc:  # deeply nested arrays are not a quote either
+        raise ValueError("JSON nested too deeply") from exc
+
+
+# -- strict primitive hooks ----------------------------------------------------
+
+
+def _exact(kind: type, name: str) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        if type(value) is not kind:
+            raise TypeError(f"must be {name}, not {_json_type(value)}")
+
+    return check
+
+
+_check_str = _exact(str, "a string")
+_check_int = _exact(int, "an integer")
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number with a fraction or exponent"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _strict_str(value: Any, _: type) -> str:
+    _check_str(value)
+    return value  # type: ignore[no-any-return]
+
+
+def _strict_int(value: Any, _: type) -> int:
+    _check_int(value)
+    return value  # type: ignore[no-any-return]
+
+
+def _non_negative_int(value: Any, _: type) -> int:
+    _check_int(value)
+    if value < 0:
+        raise ValueError(f"must be 0 or more, got {value}")
+    return value  # type: ignore[no-any-return]
+
+
+def _sku(value: Any, _: type) -> str:
+    _check_str(value)
+    if not 1 <= len(value) <= 64:
+        raise ValueError(f"must be 1 to 64 characters, got {len(value)}")
+    return value  # type: ignore[no-any-return]
+
+
+def _quantity(value: Any, _: type) -> int:
+    _check_int(value)
+    if not 1 <= value <= 100:
+        raise ValueError(f"must be from 1 to 100, got {value}")
+    return value  # type: ignore[no-any-return]
+
+
+def _scenario(value: Any, _: type) -> str:
+    _check_str(value)
+    if value not in SCENARIOS:
+        raise ValueError(f"must be one of {', '.join(SCENARIOS)}")
+    return value  # type: ignore[no-any-return]
+
+
+def _strict_converter() -> cattrs.Converter:
+    converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+    converter.register_structure_hook(str, _strict_str)
+    converter.register_structure_hook(int, _strict_int)
+    return converter
+
+
+# -- inbound requests ----------------------------------------------------------
+
+_requests = _strict_converter()
+_requests.register_structure_hook(
+    QuoteRequest,
+    make_dict_structure_fn(
+        QuoteRequest,
+        _requests,
+        sku=override(struct_hook=_sku),
+        quantity=override(struct_hook=_quantity),
+        scenario=override(struct_hook=_scenario),
+    ),
+)
+
+
+def decode_request(body: bytes) -> QuoteRequest:
+    """Parse an inbound body; an empty body asks for every default.
+
+    Raises ``BadRequestBody`` when it is not JSON and ``InvalidRequest``, with
+    every field error, when it is JSON but not a valid request.
+    """
+    if not body.strip():
+        return QuoteRequest()
+    try:
+        obj = _loads(body)
+    except ValueError as exc:
+        raise BadRequestBody(str(exc)) from exc
+    if type(obj) is not dict:
+        raise InvalidRequest([FieldError((), f"must be a JSON object, not {_json_type(obj)}")])
+    try:
+        return _requests.structure(obj, QuoteRequest)
+    except ClassValidationError as exc:
+        raise InvalidRequest(_field_errors(exc)) from exc
+
+
+def _field_errors(exc: ClassValidationError) -> list[FieldError]:
+    """Every field error of ``exc``, with the hook's own message (not cattrs' generic one)."""
+    errors: list[FieldError] = []
+    with_notes, without = exc.group_exceptions()
+    for error, note in with_notes:
+        msg = "required field missing" if isinstance(error, KeyError) else str(error)
+        errors.append(FieldError((note.name,), msg))
+    for error in without:
+        if isinstance(error, ForbiddenExtraKeysError):
+            errors.extend(FieldError((key,), "unknown field") for key in sorted(error.extra_fields))
+        else:
+            errors.append(FieldError((), str(error)))
+    return errors
+
+
+# -- supplier payloads ---------------------------------------------------------
+
+_payloads = _strict_converter()
+_payloads.register_structure_hook(
+    SupplierQuote,
+    make_dict_structure_fn(
+        SupplierQuote,
+        _payloads,
+        unit_cents=override(struct_hook=_non_negative_int),
+        shipping_cents=override(struct_hook=_non_negative_int),
+        stock=override(struct_hook=_non_negative_int),
+    ),
+)
+
+
+def decode_supplier_quote(body: bytes, *, supplier: str, sku: str) -> SupplierQuote:
+    """Parse one supplier's 200 body as its quote for ``sku``.
+
+    Raises ``InvalidSupplierData`` for anything else: not JSON, not an object,
+    wrong or missing or extra keys, wrong types, negative numbers, or a quote
+    that names another supplier or SKU.
+    """
+    try:
+        obj = _loads(body)
+    except ValueError as exc:
+        raise InvalidSupplierData(f"not JSON: {exc}") from exc
+    if type(obj) is not dict:
+        raise InvalidSupplierData(f"not a JSON object but {_json_type(obj)}")
+    try:
+        quote = _payloads.structure(obj, SupplierQuote)
+    except ClassValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e.loc)) or '$'}: {e.msg}" for e in _field_errors(exc)
+        )
+        raise InvalidSupplierData(problems) from exc
+    if quote.supplier != supplier or quote.sku != sku:
+        raise InvalidSupplierData(f"quote is for {quote.supplier!r}/{quote.sku!r}")
+    return quote
+
+
+# -- outbound JSON -------------------------------------------------------------
+
+_results = cattrs.Converter()
+
+
+def encode_result(result: QuoteResult) -> dict[str, Any]:
+    """The contract's JSON shape of a result (``best`` is the first quote or null)."""
+    quotes = [_results.unstructure(quote) for quote in result.quotes]
+    return {
+        "sku": result.sku,
+        "quantity": result.quantity,
+        "quotes": quotes,
+        "failures": [_results.unstructure(failure) for failure in result.failures],
+        "best": quotes[0] if quotes else None,
+        "elapsed_ms": round(result.elapsed_ms, 3),
+        "request_id": result.request_id,
+    }
+
+
+def encode_errors(errors: tuple[FieldError, ...]) -> list[dict[str, Any]]:
+    """Field errors as the contract's ``detail`` list."""
+    return [{"loc": list(error.loc), "msg": error.msg} for error in errors]

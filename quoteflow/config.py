@@ -1,0 +1,52 @@
+"""Settings and limits: one frozen object, built once by the CLI or a test."""
+
+from __future__ import annotations
+
+import attrs
+from attrs import validators as v
+
+SUPPLIERS: tuple[str, ...] = ("atlas", "boreal", "cedar")
+"""Every supplier QuoteFlow asks, in the order failures are listed."""
+
+SCENARIOS: tuple[str, ...] = ("normal", "slow", "broken", "malformed", "flaky")
+"""Lab scenarios a caller may forward to the suppliers."""
+
+
+def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{attribute.name} must be greater than 0, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class Settings:
+    """Everything one QuoteFlow process needs to know; defaults are the contract's."""
+
+    host: str = "127.0.0.1"
+    port: int = attrs.field(default=9100, validator=[v.ge(0), v.le(65535)])
+    provider_url: str = attrs.field(default="http://127.0.0.1:9101")
+    budget: float = attrs.field(default=0.8, validator=_positive)
+    """Seconds from admission to the answer, whatever the suppliers do."""
+    inbound_limit: int = attrs.field(default=8, validator=v.ge(1))
+    """Inbound requests served at once; the next one gets 503 at once."""
+    outbound_limit: int = attrs.field(default=6, validator=v.ge(1))
+    """Supplier HTTP attempts in flight at once, shared by every request."""
+    attempts: int = attrs.field(default=2, validator=[v.ge(1), v.le(2)])
+    backoff_min: float = attrs.field(default=0.020, validator=v.ge(0))
+    backoff_max: float = attrs.field(default=0.030, validator=v.ge(0))
+    connect_timeout: float = attrs.field(default=0.25, validator=_positive)
+    """Socket connect timeout of one attempt; firing is a transient transport error."""
+    read_timeout: float = attrs.field(default=0.5, validator=_positive)
+    """Longest silence while reading one answer; firing is a transient transport error."""
+    max_request_bytes: int = attrs.field(default=16 * 1024, validator=v.ge(1))
+    max_supplier_body_bytes: int = attrs.field(default=64 * 1024, validator=v.ge(1))
+    """Cap on a supplier's decoded body; anything longer is ``invalid_data``."""
+
+    @provider_url.validator
+    def _check_provider_url(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"provider_url must be an http(s) URL, got {value!r}")
+
+    @backoff_max.validator
+    def _check_backoff(self, attribute: attrs.Attribute[float], value: float) -> None:
+        if value < self.backoff_min:
+            raise ValueError("backoff_max must not be below backoff_min")

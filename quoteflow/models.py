@@ -1,0 +1,154 @@
+"""QuoteFlow's data: plain frozen attrs classes whose validators hold the invariants.
+
+Parsing and serialising live in ``codec.py``; nothing here knows about JSON.
+"""
+
+from __future__ import annotations
+
+import attrs
+from attrs import validators as v
+
+from quoteflow.config import SCENARIOS
+
+INVALID_DATA = "invalid_data"
+"""The supplier answered 200, but not with a valid quote for this supplier and SKU."""
+TRANSPORT_ERROR = "transport_error"
+"""The connection failed, broke or stalled before a full answer arrived."""
+TIMEOUT = "timeout"
+"""The request's deadline came before the supplier gave a final answer."""
+
+
+def http_failure_code(status: int) -> str:
+    """The failure code of a non-200 answer, e.g. ``http_503``."""
+    return f"http_{status}"
+
+
+def _not_bool(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    # attrs' instance_of(int) accepts True and False; money and stock never are.
+    if type(value) is not int:
+        raise TypeError(f"{attribute.name} must be an int, got {type(value).__name__}")
+
+
+_count = [_not_bool, v.ge(0)]
+
+
+@attrs.frozen(kw_only=True)
+class QuoteRequest:
+    """What a caller asks: a SKU, a quantity and the lab scenario to forward."""
+
+    sku: str = attrs.field(
+        default="KB-001", validator=[v.instance_of(str), v.min_len(1), v.max_len(64)]
+    )
+    quantity: int = attrs.field(default=2, validator=[_not_bool, v.ge(1), v.le(100)])
+    scenario: str = attrs.field(default="normal", validator=v.in_(SCENARIOS))
+
+
+@attrs.frozen(kw_only=True)
+class SupplierQuote:
+    """One supplier's answer, exactly as its wire format carries it."""
+
+    supplier: str = attrs.field(validator=v.instance_of(str))
+    sku: str = attrs.field(validator=v.instance_of(str))
+    unit_cents: int = attrs.field(validator=_count)
+    shipping_cents: int = attrs.field(validator=_count)
+    stock: int = attrs.field(validator=_count)
+
+
+@attrs.frozen(kw_only=True)
+class RankedQuote:
+    """A usable quote priced for the requested quantity."""
+
+    supplier: str
+    sku: str
+    unit_cents: int
+    shipping_cents: int
+    stock: int
+    total_cents: int
+
+    @classmethod
+    def for_quantity(cls, quote: SupplierQuote, quantity: int) -> RankedQuote:
+        """Price ``quote`` for ``quantity`` units, shipping included."""
+        return cls(
+            supplier=quote.supplier,
+            sku=quote.sku,
+            unit_cents=quote.unit_cents,
+            shipping_cents=quote.shipping_cents,
+            stock=quote.stock,
+            total_cents=quote.unit_cents * quantity + quote.shipping_cents,
+        )
+
+
+@attrs.frozen
+class Failure:
+    """A supplier that gave no usable quote, and why."""
+
+    supplier: str
+    code: str
+
+
+@attrs.frozen(kw_only=True)
+class QuoteResult:
+    """The answer to one quote request: every usable quote and every failure."""
+
+    sku: str
+    quantity: int
+    quotes: tuple[RankedQuote, ...]
+    """Quotes with enough stock, cheapest first, ties broken by supplier name."""
+    failures: tuple[Failure, ...]
+    """Suppliers without a usable quote, in the fixed supplier order."""
+    elapsed_ms: float
+    request_id: str
+
+    @property
+    def best(self) -> RankedQuote | None:
+        """The cheapest usable quote, if any."""
+        return self.quotes[0] if self.quotes else None
+
+
+# -- the budget bill: what happened to one supplier within one request ----------
+
+STOPPED_SUCCESS = "success"
+STOPPED_NOT_RETRYABLE = "not_retryable"
+STOPPED_ATTEMPTS_EXHAUSTED = "attempts_exhausted"
+STOPPED_DEADLINE = "deadline"
+
+
+@attrs.frozen(kw_only=True)
+class AttemptRecord:
+    """One HTTP attempt at one supplier; times are event-loop clock seconds."""
+
+    attempt: int
+    started: float
+    """When it began waiting for an outbound slot."""
+    slot_wait: float
+    duration: float
+    """Time holding the slot: request sent until the body was read or the error came."""
+    outcome: str
+    """``ok`` or the failure code."""
+    status: int | None
+    backoff: float | None = None
+    """Seconds slept after this attempt before the next one, if any."""
+
+
+OK = "ok"
+
+
+@attrs.define
+class SupplierTrace:
+    """The running bill of one supplier's call; it outlives a cancelled call."""
+
+    supplier: str
+    attempts: list[AttemptRecord] = attrs.Factory(list)
+    stopped: str | None = None
+    """Why no further attempt was made; set once the call ends."""
+
+
+@attrs.frozen(kw_only=True)
+class QuoteReport:
+    """A result together with its budget bill, for callers who ask how it was reached."""
+
+    result: QuoteResult
+    budget: float
+    admitted_at: float
+    """Event-loop clock time of admission; every trace time is measured from here."""
+    traces: tuple[SupplierTrace, ...]

@@ -1,0 +1,130 @@
+"""Admission, the request deadline, the fan-out to every supplier, and the ranking.
+
+No aiohttp here: suppliers are reached through ``SupplierGateway``, so this
+module reads as the policy it is. The budget bill of one request:
+
+    admitted ──┬── atlas:  [slot wait, attempt] ─────────────────────── quote
+               ├── boreal: [slot wait, attempt 1] backoff [slot wait, attempt 2]
+               └── cedar:  [slot wait, attempt] ─────────────────────── quote
+               └──────────────── one deadline: admitted + budget ────────┘
+
+Everything a supplier does — waiting for an outbound slot, both attempts and
+the backoff between them — runs under that single deadline. Whatever has
+finished when it comes is kept; every supplier still working is ``timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from quoteflow.config import SUPPLIERS
+from quoteflow.errors import CapacityExhausted
+from quoteflow.models import (
+    STOPPED_DEADLINE,
+    TIMEOUT,
+    Failure,
+    QuoteReport,
+    QuoteRequest,
+    QuoteResult,
+    RankedQuote,
+    SupplierQuote,
+    SupplierTrace,
+)
+
+
+class SupplierGateway(Protocol):
+    """How the service asks one supplier; ``supplier.SupplierClient`` is the real one."""
+
+    async def quote(
+        self,
+        trace: SupplierTrace,
+        request: QuoteRequest,
+        request_id: str,
+        deadline: float,
+    ) -> SupplierQuote | Failure:
+        """Ask ``trace.supplier``, recording each attempt in ``trace``."""
+        ...
+
+
+class QuoteService:
+    """One per process: every request shares its admission counter and gateway."""
+
+    def __init__(self, gateway: SupplierGateway, *, budget: float, inbound_limit: int) -> None:
+        self._gateway = gateway
+        self._budget = budget
+        self._inbound_limit = inbound_limit
+        self.in_flight = 0
+        """Requests admitted and not yet answered."""
+
+    async def quote(self, request: QuoteRequest, request_id: str) -> QuoteReport:
+        """Admit ``request`` or refuse it at once, then answer within the budget.
+
+        Raises ``CapacityExhausted`` when every inbound slot is taken.
+        """
+        # Check and take the slot with no await in between: no other request
+        # can slip in, and a refused request never holds one.
+        if self.in_flight >= self._inbound_limit:
+            raise CapacityExhausted
+        self.in_flight += 1
+        try:
+            return await self._fan_out(request, request_id)
+        finally:
+            self.in_flight -= 1
+
+    async def _fan_out(self, request: QuoteRequest, request_id: str) -> QuoteReport:
+        loop = asyncio.get_running_loop()
+        admitted_at = loop.time()
+        deadline = admitted_at + self._budget
+        traces = tuple(SupplierTrace(supplier) for supplier in SUPPLIERS)
+        outcomes: dict[str, SupplierQuote | Failure] = {}
+
+        async def ask(trace: SupplierTrace) -> None:
+            outcome = await self._gateway.quote(trace, request, request_id, deadline)
+            outcomes[trace.supplier] = outcome
+
+        # The deadline wraps the whole fan-out, never one attempt: a retry
+        # cannot win itself a fresh timer, and no inner handler can swallow it.
+        scope = asyncio.timeout_at(deadline)
+        try:
+            async with scope, asyncio.TaskGroup() as group:
+                for trace in traces:
+                    group.create_task(ask(trace))
+        except TimeoutError:
+            if not scope.expired():
+                raise
+        for trace in traces:
+            if trace.supplier not in outcomes:
+                trace.stopped = STOPPED_DEADLINE
+        result = _rank(request, request_id, outcomes, (loop.time() - admitted_at) * 1000)
+        return QuoteReport(
+            result=result, budget=self._budget, admitted_at=admitted_at, traces=traces
+        )
+
+
+def _rank(
+    request: QuoteRequest,
+    request_id: str,
+    outcomes: dict[str, SupplierQuote | Failure],
+    elapsed_ms: float,
+) -> QuoteResult:
+    """Usable quotes cheapest first; a failure for every supplier without one."""
+    quotes: list[RankedQuote] = []
+    failures: list[Failure] = []
+    for supplier in SUPPLIERS:
+        outcome = outcomes.get(supplier)
+        if isinstance(outcome, SupplierQuote):
+            # Too little stock is a valid answer, not a failure: leave it out.
+            if outcome.stock >= request.quantity:
+                quotes.append(RankedQuote.for_quantity(outcome, request.quantity))
+        else:
+            failures.append(outcome or Failure(supplier, TIMEOUT))
+    quotes.sort(key=lambda quote: (quote.total_cents, quote.supplier))
+    return QuoteResult(
+        sku=request.sku,
+        quantity=request.quantity,
+        quotes=tuple(quotes),
+        failures=tuple(failures),
+        elapsed_ms=elapsed_ms,
+        request_id=request_id,
+    )

@@ -1,0 +1,208 @@
+"""One supplier call: at most two HTTP attempts under the request's deadline.
+
+This is the only module that catches aiohttp, socket and decoding errors. Each
+attempt ends in one of three ways, and the retry loop reads only that:
+
+    quote                     done
+    failure, retryable        503, or one of TRANSIENT_ERRORS: try once more
+    failure, final            any other status, invalid data: stop
+
+Any other exception is a bug in QuoteFlow and propagates untouched.
+
+The deadline itself is enforced by the caller (``service.py``) *around* this
+loop, which is why nothing here catches a bare ``TimeoutError``: the deadline's
+cancellation must reach the caller, never be mistaken for a socket timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Mapping
+from typing import Final
+
+import aiohttp
+import attrs
+from aiohttp.http_exceptions import ContentLengthError, TransferEncodingError
+from yarl import URL
+
+from quoteflow.codec import decode_supplier_quote
+from quoteflow.config import Settings
+from quoteflow.errors import InvalidSupplierData
+from quoteflow.models import (
+    INVALID_DATA,
+    OK,
+    STOPPED_ATTEMPTS_EXHAUSTED,
+    STOPPED_NOT_RETRYABLE,
+    STOPPED_SUCCESS,
+    TRANSPORT_ERROR,
+    AttemptRecord,
+    Failure,
+    QuoteRequest,
+    SupplierQuote,
+    SupplierTrace,
+    http_failure_code,
+)
+
+TRANSIENT_ERRORS: Final = (
+    aiohttp.ClientConnectorError,  # refused or unreachable before a byte was sent
+    aiohttp.ClientOSError,  # reset by the peer (errno 104) while sending or reading
+    aiohttp.ClientConnectionResetError,  # the transport was already closed when writing
+    aiohttp.ServerDisconnectedError,  # closed before or while answering
+    aiohttp.ConnectionTimeoutError,  # socket connect timeout (ClientTimeout.sock_connect)
+    aiohttp.SocketTimeoutError,  # silence while reading (ClientTimeout.sock_read)
+)
+"""Failures of the connection, not of the supplier's data: worth one more attempt.
+
+Named one by one on purpose: ``aiohttp.ClientError`` would also retry bad data
+and misconfiguration. A body cut short is retried too, but it arrives as a
+``ClientPayloadError`` shared with bad ``Content-Encoding``; see ``_attempt``.
+"""
+
+NEVER_RETRIED: Final = (aiohttp.ClientSSLError,)
+"""Subclasses of a transient class that another attempt cannot fix."""
+
+TRUNCATION_CAUSES: Final = (ContentLengthError, TransferEncodingError)
+"""Causes of a ``ClientPayloadError`` that mean "the body was cut short"."""
+
+
+@attrs.frozen
+class _AttemptResult:
+    quote: SupplierQuote | None
+    code: str
+    retryable: bool = False
+    status: int | None = None
+
+
+@attrs.frozen
+class _Call:
+    url: URL
+    request: QuoteRequest
+    request_id: str
+    deadline: float
+
+
+class SupplierClient:
+    """Asks suppliers for quotes through one shared session and outbound limit."""
+
+    def __init__(self, session: aiohttp.ClientSession, settings: Settings) -> None:
+        self._session = session
+        self._base = URL(settings.provider_url)
+        self._slots = asyncio.Semaphore(settings.outbound_limit)
+        self._attempts = settings.attempts
+        self._backoff = (settings.backoff_min, settings.backoff_max)
+        self._max_body = settings.max_supplier_body_bytes
+        self.in_flight = 0
+        """Attempts holding an outbound slot right now."""
+
+    async def quote(
+        self,
+        trace: SupplierTrace,
+        request: QuoteRequest,
+        request_id: str,
+        deadline: float,
+    ) -> SupplierQuote | Failure:
+        """Ask ``trace.supplier`` for ``request``; the caller enforces ``deadline``."""
+        call = _Call(self._base / "quotes" / trace.supplier, request, request_id, deadline)
+        for attempt in range(1, self._attempts + 1):
+            result = await self._attempt(call, trace, attempt)  # slot taken and given back
+            if result.quote is not None:
+                trace.stopped = STOPPED_SUCCESS
+                return result.quote
+            if not result.retryable:
+                trace.stopped = STOPPED_NOT_RETRYABLE
+                break
+            if attempt == self._attempts:
+                trace.stopped = STOPPED_ATTEMPTS_EXHAUSTED
+                break
+            # Back off outside the slot, so a failing supplier does not hold
+            # capacity a healthy one could use; the caller's deadline still runs.
+            backoff = random.uniform(*self._backoff)
+            trace.attempts[-1] = attrs.evolve(trace.attempts[-1], backoff=backoff)
+            await asyncio.sleep(backoff)
+        return Failure(trace.supplier, result.code)
+
+    async def _attempt(self, call: _Call, trace: SupplierTrace, attempt: int) -> _AttemptResult:
+        """One attempt: wait for a slot, fetch, give the slot back, then decode."""
+        loop = asyncio.get_running_loop()
+        headers = {
+            "X-Request-ID": call.request_id,
+            "X-Attempt": str(attempt),
+            "X-Deadline-Remaining-Ms": str(max(0, int((call.deadline - loop.time()) * 1000))),
+        }
+        waiting_since = loop.time()
+        async with self._slots:
+            started = loop.time()
+            self.in_flight += 1
+            try:
+                fetched = await self._fetch(call, headers)
+            finally:
+                self.in_flight -= 1
+                ended = loop.time()
+        if isinstance(fetched, bytes):
+            fetched = self._decode(fetched, trace.supplier, call.request.sku)
+        trace.attempts.append(
+            AttemptRecord(
+                attempt=attempt,
+                started=waiting_since,
+                slot_wait=started - waiting_since,
+                duration=ended - started,
+                outcome=OK if fetched.quote is not None else fetched.code,
+                status=fetched.status,
+            )
+        )
+        return fetched
+
+    async def _fetch(self, call: _Call, headers: Mapping[str, str]) -> bytes | _AttemptResult:
+        """The body of a 200 answer, or the classified failure; the response is always released."""
+        params = {"sku": call.request.sku, "scenario": call.request.scenario}
+        try:
+            async with self._session.get(
+                call.url, params=params, headers=headers, allow_redirects=False
+            ) as response:
+                if response.status != 200:
+                    return _AttemptResult(
+                        None,
+                        http_failure_code(response.status),
+                        retryable=response.status == 503,
+                        status=response.status,
+                    )
+                return await self._read_body(response)
+        except NEVER_RETRIED:
+            return _AttemptResult(None, TRANSPORT_ERROR)
+        except TRANSIENT_ERRORS:
+            return _AttemptResult(None, TRANSPORT_ERROR, retryable=True)
+        except aiohttp.ClientPayloadError as exc:
+            if isinstance(exc.__cause__, TRUNCATION_CAUSES):
+                return _AttemptResult(None, TRANSPORT_ERROR, retryable=True, status=200)
+            return _AttemptResult(None, INVALID_DATA, status=200)  # e.g. bad Content-Encoding
+        except aiohttp.ClientResponseError:
+            # aiohttp's parser rejected the reply as HTTP (it reports status 400,
+            # which the supplier never sent): malformed data, not ``http_400``.
+            return _AttemptResult(None, INVALID_DATA)
+        except InvalidSupplierData:  # over the body cap
+            return _AttemptResult(None, INVALID_DATA, status=200)
+
+    @staticmethod
+    def _decode(body: bytes, supplier: str, sku: str) -> _AttemptResult:
+        try:
+            quote = decode_supplier_quote(body, supplier=supplier, sku=sku)
+        except InvalidSupplierData:
+            return _AttemptResult(None, INVALID_DATA, status=200)
+        return _AttemptResult(quote, OK, status=200)
+
+    async def _read_body(self, response: aiohttp.ClientResponse) -> bytes:
+        """The decoded body, refused as soon as it grows past the cap."""
+        declared = response.content_length
+        if (
+            declared is not None
+            and declared > self._max_body
+            and "Content-Encoding" not in response.headers
+        ):
+            raise InvalidSupplierData(f"body of {declared} bytes is over the cap")
+        body = bytearray()
+        async for chunk in response.content.iter_any():
+            body += chunk
+            if len(body) > self._max_body:
+                raise InvalidSupplierData(f"body is over the cap of {self._max_body} bytes")
+        return bytes(body)

@@ -1,0 +1,42 @@
+"""Shared fixtures: fake suppliers on real sockets and QuoteFlow built by its own factory."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+from pytest_aiohttp import AiohttpClient, AiohttpServer
+
+from quoteflow.app import GatewayFactory, create_app
+from quoteflow.config import Settings
+from tests.fakes import FakeSuppliers
+
+StartQuoteFlow = Callable[..., Awaitable[TestClient[Any, Any]]]
+
+TEST_BUDGET = 0.3
+"""Short budgets keep the suite fast; bounds in tests stay generous."""
+
+
+@pytest.fixture
+async def suppliers(aiohttp_server: AiohttpServer) -> FakeSuppliers:
+    """Fake atlas, boreal and cedar, all answering their catalogue quote."""
+    fake = FakeSuppliers()
+    server = await aiohttp_server(fake.app)
+    fake.url = str(server.make_url(""))
+    return fake
+
+
+@pytest.fixture
+def start_quoteflow(aiohttp_client: AiohttpClient, suppliers: FakeSuppliers) -> StartQuoteFlow:
+    """Start QuoteFlow against the fake suppliers; keyword arguments override settings."""
+
+    async def start(
+        *, gateway: GatewayFactory | None = None, **overrides: Any
+    ) -> TestClient[Any, Any]:
+        values: dict[str, Any] = {"budget": TEST_BUDGET, "provider_url": suppliers.url}
+        values.update(overrides)
+        return await aiohttp_client(create_app(Settings(**values), gateway=gateway))
+
+    return start
