@@ -26,6 +26,17 @@ SERVICE = web.AppKey("service", QuoteService)
 
 _routes = web.RouteTableDef()
 
+_ERROR_NAMES = {
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+}
+"""Stable ``error`` names for aiohttp's own answers (HTTP reason phrases vary by Python)."""
+
+
+def _snake(reason: str) -> str:
+    return reason.lower().replace(" ", "_")
+
 
 def _json_error(exc_class: type[web.HTTPException], error: str, **fields: Any) -> web.HTTPException:
     body = json.dumps({"error": error, **fields})
@@ -64,10 +75,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except web.HTTPException as exc:
         if exc.content_type == "application/json" or exc.status < 400:
             raise
-        # aiohttp's own answers (404, 405, 413, ...) come as plain text.
-        error = _json_error(type(exc), exc.reason.lower().replace(" ", "_"), detail=exc.text)
-        error.headers.extend((k, v) for k, v in exc.headers.items() if k == "Allow")
-        raise error from None
+        # aiohttp's own answers (404, 405, 413, ...) come as plain text. Some of
+        # their classes need extra constructor arguments, so answer directly.
+        return web.json_response(
+            {"error": _ERROR_NAMES.get(exc.status) or _snake(exc.reason), "detail": exc.text},
+            status=exc.status,
+            headers={k: v for k, v in exc.headers.items() if k == "Allow"},
+        )
     except Exception:
         log.exception("unhandled error", extra={"event": "request_error", "path": request.path})
         raise _json_error(web.HTTPInternalServerError, "internal_error") from None
