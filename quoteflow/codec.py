@@ -144,13 +144,11 @@ _requests.register_structure_hook(
 
 
 def decode_request(body: bytes) -> QuoteRequest:
-    """Parse an inbound body; an empty body asks for every default.
+    """Parse an inbound body; ``{}`` asks for every default.
 
     Raises ``BadRequestBody`` when it is not JSON and ``InvalidRequest``, with
     every field error, when it is JSON but not a valid request.
     """
-    if not body.strip():
-        return QuoteRequest()
     try:
         obj = _loads(body)
     except ValueError as exc:

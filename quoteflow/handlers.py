@@ -7,9 +7,11 @@ as a JSON body — never as HTML or a traceback.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import uuid
+from importlib import resources
 from typing import Any
 
 from aiohttp import web
@@ -47,6 +49,17 @@ def _json_error(exc_class: type[web.HTTPException], error: str, **fields: Any) -
 async def health(request: web.Request) -> web.Response:
     """Liveness: the process answers."""
     return web.json_response({"status": "ok"})
+
+
+@_routes.get("/openapi.json")
+async def openapi(request: web.Request) -> web.Response:
+    """QuoteFlow's OpenAPI document, as kept in the package."""
+    return web.Response(body=_openapi_document(), content_type="application/json")
+
+
+@functools.cache
+def _openapi_document() -> bytes:
+    return resources.files("quoteflow").joinpath("openapi.json").read_bytes()
 
 
 @_routes.post("/api/quotes")

@@ -41,6 +41,8 @@ class Received:
     request_id: str | None
     query: dict[str, str]
     headers: dict[str, str]
+    at: float
+    """Event-loop clock time of arrival."""
 
 
 # -- responders ------------------------------------------------------------------
@@ -186,6 +188,7 @@ class FakeSuppliers:
                 request.headers.get("X-Request-ID"),
                 dict(request.query),
                 dict(request.headers),
+                asyncio.get_running_loop().time(),
             )
         )
         script = self.scripts.get(supplier)

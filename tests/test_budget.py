@@ -1,0 +1,123 @@
+"""The lesson's budget bill: one deadline per request, retries inside it, nothing wedges."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from tests.conftest import TEST_BUDGET, StartQuoteFlow
+from tests.fakes import FakeSuppliers, delay, hang, quote, status
+from tests.test_decision_table import ask, failure_of, quoted
+
+MARGIN = 0.15
+"""Generous slack for a loaded CI machine; the benchmark measures the real figure."""
+
+
+async def timed_ask(client: Any, **body: Any) -> tuple[dict[str, Any], float]:
+    """Ask and measure the wall time the caller saw."""
+    started = time.monotonic()
+    result = await ask(client, **body)
+    return result, time.monotonic() - started
+
+
+async def test_path_1_immediate_200_is_one_attempt(
+    start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
+) -> None:
+    """Immediate 200: one attempt per supplier, no retry."""
+    result = await ask(await start_quoteflow())
+    assert quoted(result) == ["boreal", "atlas"]
+    assert [suppliers.count(s) for s in ("atlas", "boreal", "cedar")] == [1, 1, 1]
+
+
+async def test_path_2_503_then_200_after_a_short_backoff(
+    start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
+) -> None:
+    """503 then 200: the second attempt comes after the 20–30 ms jittered backoff."""
+    suppliers.script("boreal", status(503))
+    result = await ask(await start_quoteflow())
+    assert result["best"]["supplier"] == "boreal"
+    first, second = suppliers.of("boreal")
+    assert 0.019 <= second.at - first.at <= 0.030 + MARGIN
+
+
+async def test_path_3_503_twice_then_stop(
+    start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
+) -> None:
+    """503 then 503: http_503 after two attempts, answered long before the deadline."""
+    suppliers.always("boreal", status(503))
+    result, took = await timed_ask(await start_quoteflow())
+    assert failure_of(result, "boreal") == "http_503"
+    assert suppliers.count("boreal") == 2
+    assert took < TEST_BUDGET
+
+
+async def test_path_4_deadline_falls_in_the_backoff(
+    start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
+) -> None:
+    """A 503 so late the deadline comes during the backoff: no second attempt, timeout."""
+    suppliers.always("boreal", delay(TEST_BUDGET - 0.015, status(503)))
+    result, took = await timed_ask(await start_quoteflow())
+    assert failure_of(result, "boreal") == "timeout"
+    assert suppliers.count("boreal") == 1
+    assert took < TEST_BUDGET + MARGIN
+    assert result["elapsed_ms"] < (TEST_BUDGET + MARGIN) * 1000
+
+
+async def test_hanging_suppliers_answer_within_the_budget(
+    start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
+) -> None:
+    """Every supplier hanging: all timeout, and the answer still comes at the deadline."""
+    for supplier in ("atlas", "boreal", "cedar"):
+        suppliers.always(supplier, hang())
+    result, took = await timed_ask(await start_quoteflow(read_timeout=10.0))
+    assert {f["code"] for f in result["failures"]} == {"timeout"}
+    assert result["best"] is None
+    assert TEST_BUDGET - 0.01 <= took < TEST_BUDGET + MARGIN
+
+
+async def test_finished_suppliers_are_kept_when_one_hangs(
+    start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
+) -> None:
+    """Atlas and cedar answered before the deadline: their quotes stay; boreal is timeout."""
+    suppliers.always("boreal", hang())
+    result = await ask(await start_quoteflow(read_timeout=10.0), quantity=1)
+    assert quoted(result) == ["cedar", "atlas"]
+    assert result["failures"] == [{"supplier": "boreal", "code": "timeout"}]
+
+
+async def test_suppliers_do_not_wait_for_each_other(
+    start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
+) -> None:
+    """Atlas is asked at once, while boreal is still between its two attempts."""
+    suppliers.always("boreal", delay(0.05, status(503)))
+    await ask(await start_quoteflow())
+    atlas = suppliers.of("atlas")[0]
+    assert atlas.at < suppliers.of("boreal")[0].at + 0.04
+
+
+async def test_nothing_wedges_after_seconds_of_hanging_suppliers(
+    start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
+) -> None:
+    """After hanging and 503-with-a-large-body suppliers at the full inbound limit, all recover.
+
+    The course's version loses pooled connections cancelled by the deadline and
+    ends answering timeout for every supplier until it is restarted.
+    """
+    big_503 = status(503, body=b"x" * 300_000)
+    suppliers.always("atlas", hang())
+    suppliers.always("boreal", big_503)
+    suppliers.always("cedar", delay(0.25))
+    client = await start_quoteflow(budget=0.2, inbound_limit=8, outbound_limit=3)
+    loop_until = time.monotonic() + 2.0
+    while time.monotonic() < loop_until:
+        responses = await asyncio.gather(
+            *(client.post("/api/quotes", json={"quantity": 1}) for _ in range(8))
+        )
+        assert {r.status for r in responses} <= {200, 503}
+        for response in responses:
+            response.release()
+    for supplier in ("atlas", "boreal", "cedar"):
+        suppliers.always(supplier, quote())
+    result = await ask(client, quantity=1)
+    assert quoted(result) == ["cedar", "boreal", "atlas"]
