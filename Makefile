@@ -26,5 +26,8 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest
 
+lab: $(STAMP)
+	$(BIN)/python -m provider_lab --port 9101
+
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache

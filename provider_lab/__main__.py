@@ -1,0 +1,3 @@
+from provider_lab import cli
+
+raise SystemExit(cli.main())

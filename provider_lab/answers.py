@@ -1,0 +1,324 @@
+"""How each answer is written onto the wire, including the broken ones.
+
+Nothing here is simulated: a truncated body is a ``Content-Length`` the lab
+does not honour, a reset is a real TCP RST (``SO_LINGER`` 0, then abort), a
+bad gzip body is really sent with ``Content-Encoding: gzip``. Payload bodies
+are assembled from ``(key, raw JSON text)`` pairs so that the broken forms
+(``NaN``, ``1e400``, repeated keys) are exactly the bytes a client receives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import socket
+import struct
+import zlib
+from collections.abc import Mapping
+from typing import Final, Literal
+
+import attrs
+from aiohttp import web
+
+from provider_lab.catalogue import SUPPLIERS, Offer
+from provider_lab.faults import Fault, Kind
+from provider_lab.state import LabState
+
+logger = logging.getLogger(__name__)
+
+JSON: Final = "application/json"
+POLL_S: Final = 0.02
+CHUNK: Final = 64 * 1024
+NOT_HTTP_BYTES: Final = b"SSH-2.0-OpenSSH_9.6\r\nProtocol mismatch.\r\n"
+
+Pairs = list[tuple[str, str]]
+Waited = Literal["done", "deadline", "gone"]
+
+
+@attrs.frozen
+class Call:
+    """One supplier request as the lab understood it."""
+
+    request: web.Request
+    state: LabState
+    supplier: str
+    sku: str
+    scenario: str
+    request_id: str | None
+    deadline: float | None  # loop time after which the caller has given up, if it said so
+
+
+def quote_pairs(supplier: str, sku: str, offer: Offer) -> Pairs:
+    """The five keys of a valid quote, values as raw JSON text."""
+    return [
+        ("supplier", json.dumps(supplier)),
+        ("sku", json.dumps(sku)),
+        ("unit_cents", str(offer.unit_cents)),
+        ("shipping_cents", str(offer.shipping_cents)),
+        ("stock", str(offer.stock)),
+    ]
+
+
+def render(pairs: Pairs) -> bytes:
+    """A JSON object from ``pairs``, keeping their order, repeats and raw values."""
+    return ("{" + ", ".join(f"{json.dumps(k)}: {v}" for k, v in pairs) + "}").encode()
+
+
+def json_response(status: int, body: Mapping[str, object], **headers: str) -> web.Response:
+    """A JSON answer with ``status``."""
+    return web.Response(
+        status=status, body=json.dumps(body).encode(), content_type=JSON, headers=headers
+    )
+
+
+def gone() -> web.StreamResponse:
+    """What a handler returns once the connection is gone; aiohttp never sends it."""
+    return web.StreamResponse(status=499)
+
+
+def client_gone(request: web.Request) -> bool:
+    """Whether the caller has hung up (or the lab closed the connection itself)."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+async def wait(call: Call, seconds: float) -> Waited:
+    """Sleep ``seconds`` (may be infinite); stop early if the caller leaves or its deadline passes.
+
+    The connection is polled rather than relying on aiohttp's handler cancellation,
+    so a hanging answer ends (and leaves ``active``) however the server is run.
+    """
+    loop = asyncio.get_running_loop()
+    target = loop.time() + seconds
+    end = target if call.deadline is None else min(target, call.deadline)
+    while True:
+        if client_gone(call.request):
+            return "gone"
+        now = loop.time()
+        if now >= end:
+            return "done" if end == target else "deadline"
+        await asyncio.sleep(min(POLL_S, end - now))
+
+
+def deadline_passed(call: Call) -> web.Response:
+    """The 504 a slow answer turns into once the caller's stated deadline has passed."""
+    call.state.stats.deadline_expired += 1
+    logger.info("deadline_passed supplier=%s request_id=%s", call.supplier, call.request_id)
+    return json_response(504, {"error": "deadline_passed", "supplier": call.supplier})
+
+
+def _error_body(error: str, size: int) -> bytes:
+    body = render([("error", json.dumps(error))])
+    if size > len(body):
+        padding = "x" * (size - len(body) - len(', "padding": ""'))
+        body = render([("error", json.dumps(error)), ("padding", json.dumps(padding))])
+    return body
+
+
+def http_error(call: Call, fault: Fault) -> web.Response:
+    """A non-200 answer: 404, 429, 500, 503 or any status 300–599."""
+    status = {
+        Kind.HTTP_404: 404,
+        Kind.HTTP_429: 429,
+        Kind.HTTP_500: 500,
+        Kind.HTTP_503: 503,
+    }.get(fault.kind) or fault.int_param("status")
+    headers: dict[str, str] = {}
+    retry_after = fault.optional_int_param("retry_after")
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
+    if 300 <= status < 400:
+        other = SUPPLIERS[(SUPPLIERS.index(call.supplier) + 1) % len(SUPPLIERS)]
+        query = call.request.query_string
+        headers["Location"] = f"/quotes/{other}" + (f"?{query}" if query else "")
+    size = fault.int_param("size") if "size" in fault.params else 0
+    body = _error_body(f"injected_{fault.kind}", size)
+    return web.Response(status=status, body=body, content_type=JSON, headers=headers)
+
+
+def bad_data(call: Call, fault: Fault, offer: Offer) -> web.Response:
+    """A 200 whose body is wrong in exactly the way ``fault`` names."""
+    pairs = quote_pairs(call.supplier, call.sku, offer)
+    values = dict(pairs)
+    content_type = JSON
+    match fault.kind:
+        case Kind.NOT_JSON:
+            body, content_type = _not_json(fault.str_param("variant"), pairs)
+            return web.Response(body=body, content_type=content_type)
+        case Kind.WRONG_TYPES:
+            field = fault.str_param("field")
+            values[field] = _retyped(int(values[field]), fault.str_param("variant"))
+        case Kind.NEGATIVE:
+            field = fault.str_param("field")
+            values[field] = str(-(abs(int(values[field])) or 1))
+        case Kind.EXTRA_KEY:
+            values["currency"] = json.dumps("EUR")
+        case Kind.MISSING_KEY:
+            del values[fault.str_param("field")]
+        case Kind.DUPLICATE_KEY:
+            return web.Response(
+                body=render([*pairs, (fault.str_param("field"), "1")]), content_type=JSON
+            )
+        case Kind.WRONG_SUPPLIER:
+            other = SUPPLIERS[(SUPPLIERS.index(call.supplier) + 1) % len(SUPPLIERS)]
+            values["supplier"] = json.dumps(other)
+        case Kind.WRONG_SKU:
+            values["sku"] = json.dumps(call.sku + "-OTHER")
+        case Kind.WRONG_CONTENT_TYPE:
+            content_type = "text/plain"
+        case _:  # pragma: no cover - the dispatcher only sends data kinds here
+            raise AssertionError(fault.kind)
+    return web.Response(body=render(list(values.items())), content_type=content_type)
+
+
+def _retyped(value: int, variant: str) -> str:
+    return {
+        "string": json.dumps(str(value)),
+        "bool": "true",
+        "float": f"{value}.5",
+        "integral_float": f"{value}.0",
+        "null": "null",
+        "nan": "NaN",
+        "huge": "1e400",
+    }[variant]
+
+
+def _not_json(variant: str, pairs: Pairs) -> tuple[bytes, str]:
+    quote = render(pairs)
+    return {
+        "html": (b"<html><body><h1>502 Bad Gateway</h1></body></html>", "text/html"),
+        "text": (b"OK", "text/plain"),
+        "empty": (b"", JSON),
+        "array": (b"[" + quote + b"]", JSON),
+        "null": (b"null", JSON),
+        "partial": (quote[: len(quote) // 2], JSON),
+    }[variant]
+
+
+def bad_gzip(call: Call, offer: Offer) -> web.Response:
+    """A 200 that claims gzip but whose bytes are plain text."""
+    body = render(quote_pairs(call.supplier, call.sku, offer))
+    return web.Response(body=body, content_type=JSON, headers={"Content-Encoding": "gzip"})
+
+
+@functools.lru_cache(maxsize=8)
+def _gzip_bomb(quote: bytes, size: int) -> bytes:
+    """``quote`` padded with JSON whitespace to ``size`` bytes, gzipped (about 1000:1)."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    parts = [packer.compress(quote[:-1])]
+    padding = max(size - len(quote), 0)
+    block = b" " * min(CHUNK * 16, max(padding, 1))
+    while padding > 0:
+        step = min(padding, len(block))
+        parts.append(packer.compress(block[:step]))
+        padding -= step
+    parts.append(packer.compress(quote[-1:]))
+    parts.append(packer.flush())
+    return b"".join(parts)
+
+
+async def gzip_bomb(call: Call, fault: Fault, offer: Offer) -> web.Response:
+    """A small, valid gzip body that inflates to ``size`` bytes of valid JSON."""
+    quote = render(quote_pairs(call.supplier, call.sku, offer))
+    body = await asyncio.to_thread(_gzip_bomb, quote, fault.int_param("size"))
+    return web.Response(body=body, content_type=JSON, headers={"Content-Encoding": "gzip"})
+
+
+async def oversized(call: Call, fault: Fault, offer: Offer) -> web.StreamResponse:
+    """A valid quote padded with whitespace to ``size`` bytes, streamed without buffering it."""
+    quote = render(quote_pairs(call.supplier, call.sku, offer))
+    size = max(fault.int_param("size"), len(quote))
+    response = web.StreamResponse()
+    response.content_type = JSON
+    response.content_length = size
+    try:
+        await response.prepare(call.request)
+        await response.write(quote[:-1])
+        padding = size - len(quote)
+        block = b" " * CHUNK
+        while padding > 0:
+            step = min(padding, CHUNK)
+            await response.write(block[:step])
+            padding -= step
+        await response.write(quote[-1:])
+    except ConnectionError:
+        logger.info("client_gone supplier=%s request_id=%s", call.supplier, call.request_id)
+    return response
+
+
+def _socket_of(request: web.Request) -> socket.socket | None:
+    transport = request.transport
+    if transport is None:
+        return None
+    sock: socket.socket | None = transport.get_extra_info("socket")
+    return sock
+
+
+def reset_connection(request: web.Request) -> None:
+    """Abort the connection with a TCP RST: linger 0 makes close() discard and reset."""
+    transport = request.transport
+    if transport is None:
+        return
+    sock = _socket_of(request)
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+async def reset_mid_body(call: Call, offer: Offer) -> web.StreamResponse:
+    """Headers and half the body, a moment for the client to read them, then a TCP RST."""
+    response = await _half_sent(call, offer)
+    await asyncio.sleep(0.05)
+    reset_connection(call.request)
+    return response
+
+
+async def _half_sent(call: Call, offer: Offer) -> web.StreamResponse:
+    body = render(quote_pairs(call.supplier, call.sku, offer))
+    response = web.StreamResponse()
+    response.content_type = JSON
+    response.content_length = len(body)
+    await response.prepare(call.request)
+    await response.write(body[: len(body) // 2])
+    return response
+
+
+async def truncated(call: Call, offer: Offer) -> web.StreamResponse:
+    """Half the promised ``Content-Length``, then a clean close (FIN)."""
+    response = await _half_sent(call, offer)
+    transport = call.request.transport
+    if transport is not None:
+        transport.close()  # flushes what was written, then closes
+    return response
+
+
+def close(call: Call) -> web.StreamResponse:
+    """Close the connection without writing a single byte."""
+    transport = call.request.transport
+    if transport is not None:
+        transport.close()
+    return gone()
+
+
+def not_http(call: Call) -> web.StreamResponse:
+    """Answer with bytes that are not an HTTP response, then close."""
+    transport = call.request.transport
+    if transport is not None:
+        transport.write(NOT_HTTP_BYTES)
+        transport.close()
+    return gone()
+
+
+async def slow_body(call: Call, fault: Fault, offer: Offer) -> web.StreamResponse:
+    """Headers and half the body now, the rest after ``ms`` (or a close at the deadline)."""
+    response = await _half_sent(call, offer)
+    waited = await wait(call, fault.int_param("ms") / 1000)
+    if waited == "done":
+        body = render(quote_pairs(call.supplier, call.sku, offer))
+        await response.write(body[len(body) // 2 :])
+    elif waited == "deadline" and call.request.transport is not None:
+        call.state.stats.deadline_expired += 1
+        call.request.transport.close()
+    return response

@@ -1,0 +1,54 @@
+"""The composition root: ``create_app(config)`` builds the lab; it does no I/O."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from provider_lab import control, handlers
+from provider_lab.state import STATE, LabConfig, LabState
+
+# Paths anyone who can reach the lab may use; everything else is the control API.
+PUBLIC_PREFIXES = ("/quotes/", "/health")
+
+
+def is_loopback(remote: str | None) -> bool:
+    """Whether ``remote`` (a peer address) is this machine: 127.0.0.0/8, ::1, or v4-mapped."""
+    if remote is None:
+        return False
+    try:
+        address = ipaddress.ip_address(remote)
+    except ValueError:
+        return False  # a Unix socket or an unparsable peer is not trusted
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+@web.middleware
+async def loopback_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse the control API to anyone but a loopback client (the peer address, no headers)."""
+    if not request.path.startswith(PUBLIC_PREFIXES) and not is_loopback(request.remote):
+        raise web.HTTPForbidden(
+            text=json.dumps({"error": "loopback_only", "remote": request.remote}),
+            content_type="application/json",
+        )
+    return await handler(request)
+
+
+async def health(request: web.Request) -> web.Response:
+    """Readiness probe."""
+    return web.json_response({"status": "ok"})
+
+
+def create_app(config: LabConfig | None = None) -> web.Application:
+    """Build the lab: the suppliers, the control API and their shared state."""
+    app = web.Application(middlewares=[loopback_only])
+    app[STATE] = LabState(config or LabConfig())
+    app.router.add_get("/health", health)
+    app.router.add_get("/quotes/{supplier}", handlers.quote)
+    control.add_routes(app.router)
+    return app

@@ -1,0 +1,131 @@
+"""``python -m provider_lab``: argv → :class:`LabConfig`, then serve until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from aiohttp import web
+
+from provider_lab.app import create_app
+from provider_lab.faults import Fault, FaultError, parse_fault_spec
+from provider_lab.state import LabConfig
+
+logger = logging.getLogger("provider_lab")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, not usage plus a message."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not in {low}–{high}")
+        return value
+
+    return convert
+
+
+def _fault(text: str) -> tuple[str, Fault]:
+    try:
+        return parse_fault_spec(text)
+    except FaultError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The lab's command line."""
+    parser = _Parser(
+        prog="python -m provider_lab",
+        description="Fake suppliers (atlas, boreal, cedar) with switchable faults.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
+    parser.add_argument("--port", type=_int_in(0, 65535), default=9101, help="port (9101)")
+    parser.add_argument(
+        "--latency-ms",
+        type=_int_in(0, 600_000),
+        default=0,
+        help="latency added to every supplier answer (0)",
+    )
+    parser.add_argument(
+        "--slow-ms",
+        type=_int_in(0, 600_000),
+        default=2000,
+        help="how long boreal takes under scenario=slow (2000)",
+    )
+    parser.add_argument(
+        "--fault",
+        type=_fault,
+        action="append",
+        default=[],
+        metavar="SUPPLIER:KIND[:KEY=VALUE,...]",
+        help="switch a fault on at start-up, e.g. boreal:http_429:count=2,retry_after=3 "
+        "(repeatable; GET /kinds lists kinds)",
+    )
+    parser.add_argument("--seed", type=int, default=None, help="seed for the blip fault's dice")
+    parser.add_argument("--access-log", action="store_true", help="log every request")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="logging level (INFO)",
+    )
+    return parser
+
+
+async def serve(config: LabConfig, host: str, port: int, *, access_log: bool) -> None:
+    """Serve the lab until SIGINT or SIGTERM, then shut down within a second."""
+    runner = web.AppRunner(
+        create_app(config),
+        handler_cancellation=True,
+        access_log=logging.getLogger("aiohttp.access") if access_log else None,
+        shutdown_timeout=1.0,
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        bound_host, bound_port = runner.addresses[0][:2]
+        url = f"http://{bound_host}:{bound_port}"
+        logger.info("lab_listening url=%s", url)
+        print(f"provider lab listening on {url}", flush=True)
+        await stop.wait()
+        logger.info("lab_stopping")
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the lab; bad arguments exit 2 with a one-line error."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    config = LabConfig(
+        latency_ms=args.latency_ms, slow_ms=args.slow_ms, faults=tuple(args.fault), seed=args.seed
+    )
+    try:
+        asyncio.run(serve(config, args.host, args.port, access_log=args.access_log))
+    except OSError as exc:
+        print(
+            f"provider_lab: error: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr
+        )
+        return 1
+    return 0

@@ -1,0 +1,170 @@
+"""The control API: switch faults and latency, read and reset statistics.
+
+Served to loopback clients only (see :func:`provider_lab.app.loopback_only`).
+
+=========================  ==================================================
+``GET /kinds``             every fault kind, what it does, its parameters
+``GET /faults``            every supplier's fault queue
+``PUT /faults/{s}``        replace supplier ``s``'s faults with one fault
+``POST /faults/{s}``       append a fault to ``s``'s queue
+``DELETE /faults/{s}``     clear ``s``'s faults
+``DELETE /faults``         clear every fault
+``GET /latency``           the lab-wide added latency
+``PUT /latency``           set it: ``{"ms": N}``
+``GET /stats``             in-flight count, per-supplier counts, attempts per id
+``POST /reset``            zero the statistics (409 while requests are in flight)
+=========================  ==================================================
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from aiohttp import web
+
+from provider_lab.answers import json_response
+from provider_lab.catalogue import SUPPLIERS
+from provider_lab.faults import SPECS, FaultError, fault_from_json
+from provider_lab.state import STATE
+
+logger = logging.getLogger(__name__)
+
+MAX_LATENCY_MS = 600_000
+
+
+async def _json_body(request: web.Request) -> object:
+    try:
+        return json.loads(await request.read())
+    except ValueError:
+        raise _error(400, "invalid_json", detail=["body: not valid JSON"]) from None
+
+
+def _error(status: int, error: str, **extra: object) -> web.HTTPException:
+    body = json.dumps({"error": error, **extra})
+    cls = {400: web.HTTPBadRequest, 404: web.HTTPNotFound, 409: web.HTTPConflict}.get(
+        status, web.HTTPUnprocessableEntity
+    )
+    return cls(text=body, content_type="application/json")
+
+
+def _supplier(request: web.Request) -> str:
+    supplier = request.match_info["supplier"]
+    if supplier not in SUPPLIERS:
+        raise _error(404, "unknown_supplier", supplier=supplier, allowed=list(SUPPLIERS))
+    return supplier
+
+
+async def kinds(request: web.Request) -> web.Response:
+    """Describe every fault kind and its parameters."""
+    return json_response(
+        200,
+        {
+            str(kind): {
+                "doc": spec.doc,
+                "params": {
+                    name: {
+                        "type": param.type.__name__,
+                        "default": param.default,
+                        "doc": param.doc,
+                        **({"choices": list(param.choices)} if param.choices else {}),
+                    }
+                    for name, param in spec.params.items()
+                },
+            }
+            for kind, spec in SPECS.items()
+        },
+    )
+
+
+async def list_faults(request: web.Request) -> web.Response:
+    """Every supplier's fault queue."""
+    return json_response(200, request.app[STATE].faults.snapshot())
+
+
+async def _set_fault(request: web.Request, *, append: bool) -> web.Response:
+    supplier = _supplier(request)
+    try:
+        fault = fault_from_json(await _json_body(request))
+    except FaultError as exc:
+        raise _error(422, "invalid_fault", detail=exc.problems) from None
+    table = request.app[STATE].faults
+    if append:
+        table.append(supplier, fault)
+    else:
+        table.replace(supplier, fault)
+    logger.info("fault_set supplier=%s fault=%s append=%s", supplier, fault.to_json(), append)
+    return json_response(200, {"supplier": supplier, "faults": table.snapshot()[supplier]})
+
+
+async def put_fault(request: web.Request) -> web.Response:
+    """Replace a supplier's faults with the one in the body."""
+    return await _set_fault(request, append=False)
+
+
+async def post_fault(request: web.Request) -> web.Response:
+    """Append the fault in the body to a supplier's queue."""
+    return await _set_fault(request, append=True)
+
+
+async def clear_supplier(request: web.Request) -> web.Response:
+    """Clear one supplier's faults."""
+    supplier = _supplier(request)
+    request.app[STATE].faults.clear(supplier)
+    logger.info("faults_cleared supplier=%s", supplier)
+    return json_response(200, {"supplier": supplier, "faults": []})
+
+
+async def clear_all(request: web.Request) -> web.Response:
+    """Clear every supplier's faults."""
+    table = request.app[STATE].faults
+    table.clear()
+    logger.info("faults_cleared supplier=all")
+    return json_response(200, table.snapshot())
+
+
+async def get_latency(request: web.Request) -> web.Response:
+    """The latency added to every supplier answer."""
+    return json_response(200, {"ms": request.app[STATE].latency_ms})
+
+
+async def put_latency(request: web.Request) -> web.Response:
+    """Set the latency added to every supplier answer: ``{"ms": N}``."""
+    data = await _json_body(request)
+    if not isinstance(data, dict) or set(data) != {"ms"}:
+        raise _error(422, "invalid_latency", detail=['body: must be {"ms": N}'])
+    ms = data["ms"]
+    if type(ms) is not int or not 0 <= ms <= MAX_LATENCY_MS:
+        raise _error(422, "invalid_latency", detail=[f"ms: must be an integer 0–{MAX_LATENCY_MS}"])
+    request.app[STATE].latency_ms = ms
+    logger.info("latency_set ms=%d", ms)
+    return json_response(200, {"ms": ms})
+
+
+async def stats(request: web.Request) -> web.Response:
+    """What the lab has seen since the last reset."""
+    return json_response(200, request.app[STATE].stats.to_json())
+
+
+async def reset(request: web.Request) -> web.Response:
+    """Zero the statistics and the flaky/blip memory, unless requests are in flight."""
+    state = request.app[STATE]
+    if state.stats.active:
+        raise _error(409, "requests_active", active=state.stats.active)
+    state.reset()
+    logger.info("stats_reset")
+    return json_response(200, {"status": "reset"})
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    """Register the control API on ``router``."""
+    router.add_get("/kinds", kinds)
+    router.add_get("/faults", list_faults)
+    router.add_delete("/faults", clear_all)
+    router.add_put("/faults/{supplier}", put_fault)
+    router.add_post("/faults/{supplier}", post_fault)
+    router.add_delete("/faults/{supplier}", clear_supplier)
+    router.add_get("/latency", get_latency)
+    router.add_put("/latency", put_latency)
+    router.add_get("/stats", stats)
+    router.add_post("/reset", reset)

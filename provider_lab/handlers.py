@@ -1,0 +1,209 @@
+"""``GET /quotes/{supplier}``: the suppliers themselves.
+
+Order of decisions for one request: unknown supplier (404) or scenario (400)
+→ count it → the lab-wide latency → the supplier's next fault, if any → the
+scenario (boreal only) → the catalogue (404 for an unknown SKU) → the quote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+
+from aiohttp import web
+
+from provider_lab import answers
+from provider_lab.answers import Call
+from provider_lab.catalogue import SUPPLIERS, Offer, lookup
+from provider_lab.faults import Fault, Kind
+from provider_lab.state import SCENARIOS, STATE
+
+logger = logging.getLogger(__name__)
+
+DATA_KINDS = frozenset(
+    {
+        Kind.NOT_JSON,
+        Kind.WRONG_TYPES,
+        Kind.NEGATIVE,
+        Kind.EXTRA_KEY,
+        Kind.MISSING_KEY,
+        Kind.DUPLICATE_KEY,
+        Kind.WRONG_SUPPLIER,
+        Kind.WRONG_SKU,
+        Kind.WRONG_CONTENT_TYPE,
+    }
+)
+STATUS_KINDS = frozenset(
+    {Kind.HTTP_404, Kind.HTTP_429, Kind.HTTP_500, Kind.HTTP_503, Kind.HTTP_STATUS}
+)
+
+
+def _deadline(header: str | None) -> float | None:
+    """The loop time at which the caller gives up, from ``X-Deadline-Remaining-Ms``."""
+    if header is None:
+        return None
+    try:
+        remaining_ms = float(header)
+    except ValueError:
+        return None
+    if not math.isfinite(remaining_ms):
+        return None
+    return asyncio.get_running_loop().time() + remaining_ms / 1000
+
+
+async def quote(request: web.Request) -> web.StreamResponse:
+    """Answer one supplier request: a quote, a scenario's behaviour, or an injected fault."""
+    supplier = request.match_info["supplier"]
+    if supplier not in SUPPLIERS:
+        return answers.json_response(404, {"error": "unknown_supplier", "supplier": supplier})
+    scenario = request.query.get("scenario", "normal")
+    if scenario not in SCENARIOS:
+        return answers.json_response(
+            400, {"error": "unknown_scenario", "scenario": scenario, "allowed": list(SCENARIOS)}
+        )
+    sku = request.query.get("sku")
+    if sku is None:
+        return answers.json_response(400, {"error": "missing_sku"})
+    state = request.app[STATE]
+    headers = request.headers
+    call = Call(
+        request=request,
+        state=state,
+        supplier=supplier,
+        sku=sku,
+        scenario=scenario,
+        request_id=headers.get("X-Request-ID"),
+        deadline=_deadline(headers.get("X-Deadline-Remaining-Ms")),
+    )
+    state.stats.started(
+        supplier, call.request_id, headers.get("X-Attempt"), headers.get("X-Deadline-Remaining-Ms")
+    )
+    try:
+        what, response = await _answer(call)
+        state.stats.answered(supplier, what)
+        logger.debug(
+            "answered supplier=%s sku=%r scenario=%s request_id=%s what=%s",
+            supplier,
+            sku,
+            scenario,
+            call.request_id,
+            what,
+        )
+        return response
+    finally:
+        state.stats.finished()
+
+
+async def _answer(call: Call) -> tuple[str, web.StreamResponse]:
+    state = call.state
+    fault = state.faults.take(call.supplier)
+    if state.latency_ms:
+        waited = await answers.wait(call, state.latency_ms / 1000)
+        if waited != "done":
+            return _stopped(call, waited)
+    if fault is not None:
+        return str(fault.kind), await _faulty(call, fault)
+    if call.supplier == "boreal" and call.scenario != "normal":
+        scenario = await _scenario(call)
+        if scenario is not None:
+            return scenario
+    offer = lookup(call.supplier, call.sku)
+    if offer is None:
+        return "unknown_sku", _unknown_sku(call)
+    return "ok", _ok(call, offer)
+
+
+def _stopped(call: Call, waited: answers.Waited) -> tuple[str, web.StreamResponse]:
+    if waited == "gone":
+        return "client_gone", answers.gone()
+    return "deadline_passed", answers.deadline_passed(call)
+
+
+def _unknown_sku(call: Call) -> web.Response:
+    return answers.json_response(
+        404, {"error": "unknown_sku", "supplier": call.supplier, "sku": call.sku}
+    )
+
+
+def _ok(call: Call, offer: Offer) -> web.Response:
+    body = answers.render(answers.quote_pairs(call.supplier, call.sku, offer))
+    return web.Response(body=body, content_type=answers.JSON)
+
+
+async def _scenario(call: Call) -> tuple[str, web.StreamResponse] | None:
+    """Boreal's behaviour under a lesson scenario, or ``None`` to answer normally."""
+    label = f"scenario_{call.scenario}"
+    match call.scenario:
+        case "slow":
+            waited = await answers.wait(call, call.state.config.slow_ms / 1000)
+            if waited != "done":
+                return _stopped(call, waited)
+        case "broken":
+            return label, answers.json_response(503, {"error": "scenario_broken"})
+        case "flaky":
+            # No X-Request-ID means every request is a first sight: always 503.
+            if call.request_id is None or call.state.flaky_seen.add(call.request_id):
+                return label, answers.json_response(503, {"error": "scenario_flaky"})
+        case "malformed":
+            offer = lookup(call.supplier, call.sku)
+            if offer is None:
+                return "unknown_sku", _unknown_sku(call)
+            pairs = answers.quote_pairs(call.supplier, call.sku, offer)
+            body = answers.render([(k, f'"{v}"' if k == "unit_cents" else v) for k, v in pairs])
+            return label, web.Response(body=body, content_type=answers.JSON)
+    return None
+
+
+async def _faulty(call: Call, fault: Fault) -> web.StreamResponse:
+    """Produce ``fault`` for this request, on the real connection."""
+    logger.info(
+        "fault_served supplier=%s kind=%s request_id=%s", call.supplier, fault.kind, call.request_id
+    )
+    kind = fault.kind
+    if kind in STATUS_KINDS:
+        return answers.http_error(call, fault)
+    if kind is Kind.CLOSE:
+        return answers.close(call)
+    if kind is Kind.NOT_HTTP:
+        return answers.not_http(call)
+    if kind is Kind.RESET and fault.str_param("variant") == "before":
+        answers.reset_connection(call.request)
+        return answers.gone()
+    if kind is Kind.HANG:
+        return _stopped(call, await answers.wait(call, math.inf))[1]
+    if kind is Kind.LATENCY:
+        waited = await answers.wait(call, fault.int_param("ms") / 1000)
+        if waited != "done":
+            return _stopped(call, waited)[1]
+    if kind is Kind.BLIP:
+        first = call.request_id is None or call.state.blip_seen.add(
+            f"{call.supplier} {call.request_id}"
+        )
+        if first and call.state.random.random() < fault.float_param("probability"):
+            return answers.json_response(503, {"error": "injected_blip"})
+    # Every remaining kind needs the offer; an unknown SKU stays a 404 whatever the fault.
+    offer = lookup(call.supplier, call.sku)
+    if offer is None:
+        return _unknown_sku(call)
+    if kind in DATA_KINDS:
+        return answers.bad_data(call, fault, offer)
+    match kind:
+        case Kind.BAD_GZIP:
+            return answers.bad_gzip(call, offer)
+        case Kind.GZIP_BOMB:
+            return await answers.gzip_bomb(call, fault, offer)
+        case Kind.OVERSIZED:
+            return await answers.oversized(call, fault, offer)
+        case Kind.TRUNCATED:
+            return await answers.truncated(call, offer)
+        case Kind.RESET:
+            return await answers.reset_mid_body(call, offer)
+        case Kind.SLOW_BODY:
+            return await answers.slow_body(call, fault, offer)
+    # latency and a blip that did not fire: the answer the scenario would give.
+    if call.supplier == "boreal" and call.scenario != "normal":
+        scenario = await _scenario(call)
+        if scenario is not None:
+            return scenario[1]
+    return _ok(call, offer)

@@ -1,0 +1,51 @@
+"""The lab's configuration and its mutable state, shared by every handler."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Final
+
+import attrs
+from aiohttp import web
+
+from provider_lab.faults import Fault, FaultTable
+from provider_lab.stats import RecentIds, Stats
+
+SCENARIOS: Final = ("normal", "slow", "broken", "malformed", "flaky")
+
+
+@attrs.frozen
+class LabConfig:
+    """Start-up settings: from the CLI, or built directly by tests."""
+
+    latency_ms: int = 0
+    slow_ms: int = 2000
+    faults: Sequence[tuple[str, Fault]] = ()
+    seed: int | None = None
+    id_limit: int = 10_000
+    flaky_id_limit: int = 100_000
+
+
+class LabState:
+    """Everything a running lab remembers; one per application."""
+
+    def __init__(self, config: LabConfig) -> None:
+        self.config = config
+        self.latency_ms = config.latency_ms
+        self.faults = FaultTable()
+        for supplier, fault in config.faults:
+            self.faults.append(supplier, fault)
+        self.stats = Stats(config.id_limit)
+        self.flaky_seen = RecentIds(config.flaky_id_limit)
+        self.blip_seen = RecentIds(config.flaky_id_limit)
+        self.random = random.Random(config.seed)
+
+    def reset(self) -> None:
+        """Zero the statistics and forget which request ids were seen."""
+        self.stats.reset()
+        self.flaky_seen.clear()
+        self.blip_seen.clear()
+
+
+STATE: Final = web.AppKey("provider_lab.state", LabState)

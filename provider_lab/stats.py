@@ -1,0 +1,112 @@
+"""What the lab has seen: in-flight count, per-supplier counts, attempts per request id.
+
+Everything keyed by request id is bounded: the oldest ids are forgotten first,
+so a long benchmark cannot grow the lab's memory without limit.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from typing import Final
+
+import attrs
+
+from provider_lab.catalogue import SUPPLIERS
+
+HEADERS_PER_ID: Final = 32
+
+
+class RecentIds:
+    """A set of the most recently seen ids, forgetting the oldest beyond ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._ids: OrderedDict[str, None] = OrderedDict()
+
+    def add(self, key: str) -> bool:
+        """Remember ``key``; ``True`` if it was not remembered before."""
+        if key in self._ids:
+            self._ids.move_to_end(key)
+            return False
+        self._ids[key] = None
+        if len(self._ids) > self._limit:
+            self._ids.popitem(last=False)
+        return True
+
+    def clear(self) -> None:
+        """Forget every id."""
+        self._ids.clear()
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
+@attrs.define
+class _RequestRecord:
+    per_supplier: Counter[str] = attrs.field(factory=Counter)
+    headers: list[dict[str, str | None]] = attrs.field(factory=list)
+
+
+class Stats:
+    """Counters behind ``GET /stats``; ``reset`` zeroes them."""
+
+    def __init__(self, id_limit: int) -> None:
+        self._id_limit = id_limit
+        self.active = 0
+        self.reset()
+
+    def reset(self) -> None:
+        """Zero everything except the in-flight count (which is live, not history)."""
+        self.max_active = self.active
+        self.total = 0
+        self.deadline_expired = 0
+        self.per_supplier: Counter[str] = Counter({s: 0 for s in SUPPLIERS})
+        self.answers: dict[str, Counter[str]] = {s: Counter() for s in SUPPLIERS}
+        self._requests: OrderedDict[str, _RequestRecord] = OrderedDict()
+
+    def started(
+        self, supplier: str, request_id: str | None, attempt: str | None, remaining: str | None
+    ) -> None:
+        """Count one supplier request now in flight."""
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        self.total += 1
+        self.per_supplier[supplier] += 1
+        if request_id is None:
+            return
+        record = self._requests.get(request_id)
+        if record is None:
+            record = self._requests[request_id] = _RequestRecord()
+            if len(self._requests) > self._id_limit:
+                self._requests.popitem(last=False)
+        else:
+            self._requests.move_to_end(request_id)
+        record.per_supplier[supplier] += 1
+        if len(record.headers) < HEADERS_PER_ID:
+            record.headers.append(
+                {"supplier": supplier, "x_attempt": attempt, "x_deadline_remaining_ms": remaining}
+            )
+
+    def answered(self, supplier: str, what: str) -> None:
+        """Record how one supplier request was answered (``ok``, a fault kind, ...)."""
+        self.answers[supplier][what] += 1
+
+    def finished(self) -> None:
+        """One supplier request is no longer in flight."""
+        self.active -= 1
+
+    def to_json(self) -> dict[str, object]:
+        """The body of ``GET /stats``."""
+        return {
+            "active": self.active,
+            "max_active": self.max_active,
+            "total": self.total,
+            "per_supplier": dict(self.per_supplier),
+            "answers": {s: dict(c) for s, c in self.answers.items()},
+            "deadline_expired": self.deadline_expired,
+            "attempts": {rid: r.per_supplier.total() for rid, r in self._requests.items()},
+            "attempts_per_supplier": {
+                rid: dict(r.per_supplier) for rid, r in self._requests.items()
+            },
+            "headers": {rid: list(r.headers) for rid, r in self._requests.items()},
+        }
