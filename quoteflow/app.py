@@ -6,9 +6,11 @@ from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from quoteflow import handlers
 from quoteflow.config import Settings
+from quoteflow.observe import Telemetry
 from quoteflow.service import QuoteService, SupplierGateway
 from quoteflow.supplier import SupplierClient
 
@@ -29,9 +31,17 @@ def create_app(settings: Settings, *, gateway: GatewayFactory | None = None) -> 
         middlewares=[handlers.error_middleware],
     )
     app[SETTINGS] = settings
+    app[handlers.TELEMETRY] = Telemetry(CollectorRegistry(auto_describe=True))
+    app[handlers.READY] = [True]
+    app.on_shutdown.append(_stop_being_ready)
     app.cleanup_ctx.append(_supplier_session(gateway))
     handlers.add_routes(app)
     return app
+
+
+async def _stop_being_ready(app: web.Application) -> None:
+    # Shutdown has begun: in-flight requests finish, but balancers should stop sending.
+    app[handlers.READY][0] = False
 
 
 def _supplier_session(
@@ -54,11 +64,15 @@ def _supplier_session(
             # would become four on the wire. Only this private switch stops it.
             session._retry_connection = False
             client = SupplierClient(session, settings)
-            app[SUPPLIER_CLIENT] = client
-            app[handlers.SERVICE] = QuoteService(
+            service = QuoteService(
                 gateway(client) if gateway else client,
                 budget=settings.budget,
                 inbound_limit=settings.inbound_limit,
+            )
+            app[SUPPLIER_CLIENT] = client
+            app[handlers.SERVICE] = service
+            app[handlers.TELEMETRY].watch(
+                inbound=lambda: service.in_flight, outbound=lambda: client.in_flight
             )
             yield
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -11,8 +12,12 @@ from typing import Any
 import attrs
 from aiohttp import web
 
+from quoteflow import logs
 from quoteflow.app import create_app
 from quoteflow.config import Settings
+from quoteflow.logs import log_event
+
+log = logging.getLogger("quoteflow")
 
 # flag name → (environment variable or None, parser, help)
 _OPTIONS: dict[str, tuple[str | None, Callable[[str], Any], str]] = {
@@ -26,6 +31,8 @@ _OPTIONS: dict[str, tuple[str | None, Callable[[str], Any], str]] = {
         int,
         "supplier attempts in flight at once (default 6)",
     ),
+    "log_level": ("QUOTEFLOW_LOG_LEVEL", str, "debug, info, warning or error (default info)"),
+    "log_format": ("QUOTEFLOW_LOG_FORMAT", str, "json (default) or text, on stderr"),
     "connect_timeout": (None, float, "socket connect timeout of one attempt, seconds"),
     "read_timeout": (None, float, "longest silence while reading an answer, seconds"),
 }
@@ -67,13 +74,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"quoteflow: error: {exc}", file=sys.stderr)
         return 2
-    print(f"QuoteFlow on http://{settings.host}:{settings.port} -> {settings.provider_url}")
-    print(f"  {attrs.asdict(settings)}", flush=True)
+    logs.configure(settings.log_level, settings.log_format)
+    log_event(log, logging.INFO, "starting", attrs.asdict(settings))
+    # SIGINT and SIGTERM stop accepting, let in-flight requests finish (each
+    # ends within its budget), then close the ClientSession: exit status 0.
     web.run_app(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         access_log=None,
-        print=None,
+        print=lambda _: log_event(
+            log, logging.INFO, "listening", {"url": f"http://{settings.host}:{settings.port}"}
+        ),
+        shutdown_timeout=settings.budget + 1.0,
     )
+    log_event(log, logging.INFO, "stopped", {})
     return 0

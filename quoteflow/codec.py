@@ -24,7 +24,7 @@ from quoteflow.errors import (
     InvalidRequest,
     InvalidSupplierData,
 )
-from quoteflow.models import QuoteRequest, QuoteResult, SupplierQuote
+from quoteflow.models import QuoteReport, QuoteRequest, QuoteResult, SupplierQuote
 
 # -- JSON text -----------------------------------------------------------------
 
@@ -238,3 +238,31 @@ def encode_result(result: QuoteResult) -> dict[str, Any]:
 def encode_errors(errors: tuple[FieldError, ...]) -> list[dict[str, Any]]:
     """Field errors as the contract's ``detail`` list."""
     return [{"loc": list(error.loc), "msg": error.msg} for error in errors]
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+def encode_explain(report: QuoteReport) -> dict[str, Any]:
+    """The budget bill: every attempt of every supplier, in milliseconds from admission."""
+    deadline = report.admitted_at + report.budget
+    suppliers: dict[str, Any] = {}
+    for trace in report.traces:
+        suppliers[trace.supplier] = {
+            "attempts": [
+                {
+                    "attempt": record.attempt,
+                    "start_ms": _ms(record.started - report.admitted_at),
+                    "slot_wait_ms": _ms(record.slot_wait),
+                    "duration_ms": _ms(record.duration),
+                    "outcome": record.outcome,
+                    "status": record.status,
+                    "backoff_ms": None if record.backoff is None else _ms(record.backoff),
+                    "remaining_ms": _ms(deadline - record.ended),
+                }
+                for record in trace.attempts
+            ],
+            "stopped": trace.stopped,
+        }
+    return {"budget_ms": _ms(report.budget), "suppliers": suppliers}

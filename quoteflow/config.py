@@ -17,6 +17,10 @@ def _positive(instance: object, attribute: attrs.Attribute[float], value: float)
         raise ValueError(f"{attribute.name} must be greater than 0, got {value!r}")
 
 
+def _lower(value: str) -> str:
+    return value.lower()
+
+
 @attrs.frozen(kw_only=True)
 class Settings:
     """Everything one QuoteFlow process needs to know; defaults are the contract's."""
@@ -37,6 +41,12 @@ class Settings:
     """Socket connect timeout of one attempt; firing is a transient transport error."""
     read_timeout: float = attrs.field(default=0.5, validator=_positive)
     """Longest silence while reading one answer; firing is a transient transport error."""
+    log_level: str = attrs.field(
+        default="info",
+        converter=_lower,
+        validator=v.in_(("debug", "info", "warning", "error")),
+    )
+    log_format: str = attrs.field(default="json", validator=v.in_(("json", "text")))
     max_request_bytes: int = attrs.field(default=16 * 1024, validator=v.ge(1))
     max_supplier_body_bytes: int = attrs.field(default=64 * 1024, validator=v.ge(1))
     """Cap on a supplier's decoded body; anything longer is ``invalid_data``."""

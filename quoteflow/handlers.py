@@ -2,29 +2,35 @@
 
 Handlers parse the request, call the service and shape the answer. Every error
 a caller can cause, and every bug of ours, leaves through ``error_middleware``
-as a JSON body — never as HTML or a traceback.
+as a JSON body — never as HTML or a traceback — carrying the request's id.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import logging
+import re
 import uuid
 from importlib import resources
 from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from quoteflow.codec import decode_request, encode_errors, encode_result
+from quoteflow.codec import decode_request, encode_errors, encode_explain, encode_result
 from quoteflow.errors import BadRequestBody, CapacityExhausted, InvalidRequest
+from quoteflow.observe import BUSY, ERROR, INVALID, Telemetry
 from quoteflow.service import QuoteService
-
-log = logging.getLogger("quoteflow")
 
 SERVICE = web.AppKey("service", QuoteService)
 """The one ``QuoteService`` of the app, wired at start-up."""
+TELEMETRY = web.AppKey("telemetry", Telemetry)
+READY = web.AppKey("ready", list[bool])
+"""``[True]`` while serving; flipped when shutdown begins."""
+REQUEST_ID = web.RequestKey("request_id", str)
+
+_SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 _routes = web.RouteTableDef()
 
@@ -40,15 +46,25 @@ def _snake(reason: str) -> str:
     return reason.lower().replace(" ", "_")
 
 
-def _json_error(exc_class: type[web.HTTPException], error: str, **fields: Any) -> web.HTTPException:
-    body = json.dumps({"error": error, **fields})
-    return exc_class(text=body, content_type="application/json")
-
-
 @_routes.get("/health")
 async def health(request: web.Request) -> web.Response:
     """Liveness: the process answers."""
     return web.json_response({"status": "ok"})
+
+
+@_routes.get("/ready")
+async def ready(request: web.Request) -> web.Response:
+    """Readiness: 200 while serving, 503 once shutdown has begun."""
+    if request.app[READY][0]:
+        return web.json_response({"status": "ready"})
+    return web.json_response({"status": "shutting_down"}, status=503)
+
+
+@_routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus text exposition of this app's registry."""
+    body = generate_latest(request.app[TELEMETRY].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 @_routes.get("/openapi.json")
@@ -64,40 +80,74 @@ def _openapi_document() -> bytes:
 
 @_routes.post("/api/quotes")
 async def quotes(request: web.Request) -> web.Response:
-    """The cheapest usable quote for a SKU and quantity, with every supplier failure."""
+    """The cheapest usable quote for a SKU and quantity, with every supplier failure.
+
+    ``?explain=1`` adds the budget bill: every attempt of every supplier.
+    """
     quote_request = decode_request(await request.read())
-    report = await request.app[SERVICE].quote(quote_request, uuid.uuid4().hex)
-    return web.json_response(encode_result(report.result))
+    report = await request.app[SERVICE].quote(quote_request, request[REQUEST_ID])
+    request.app[TELEMETRY].served(report)
+    body = encode_result(report.result)
+    if request.query.get("explain") in ("1", "true"):
+        body["explain"] = encode_explain(report)
+    return web.json_response(body)
+
+
+_BUSY_BODY = json.dumps({"error": "capacity_exhausted"}).encode()
+
+
+def _request_id(request: web.Request) -> str:
+    """The caller's ``X-Request-ID`` when it is safe to pass on, else a new one."""
+    offered = request.headers.get("X-Request-ID", "")
+    if _SAFE_REQUEST_ID.fullmatch(offered):
+        return offered
+    return uuid.uuid4().hex
 
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Turn every error into a JSON answer with the right status."""
+    """Give every request an id, and turn every error into a JSON answer with that id."""
+    request_id = request[REQUEST_ID] = _request_id(request)
+    telemetry = request.app[TELEMETRY]
     try:
-        return await handler(request)
+        response = await handler(request)
     except CapacityExhausted:
-        busy = _json_error(web.HTTPServiceUnavailable, "capacity_exhausted")
-        busy.headers["Retry-After"] = "1"
-        raise busy from None
-    except BadRequestBody as exc:
-        raise _json_error(web.HTTPBadRequest, "invalid_json", detail=str(exc)) from None
-    except InvalidRequest as exc:
-        raise _json_error(
-            web.HTTPUnprocessableEntity, "invalid_request", detail=encode_errors(exc.errors)
-        ) from None
-    except web.HTTPException as exc:
-        if exc.content_type == "application/json" or exc.status < 400:
-            raise
-        # aiohttp's own answers (404, 405, 413, ...) come as plain text. Some of
-        # their classes need extra constructor arguments, so answer directly.
-        return web.json_response(
-            {"error": _ERROR_NAMES.get(exc.status) or _snake(exc.reason), "detail": exc.text},
-            status=exc.status,
-            headers={k: v for k, v in exc.headers.items() if k == "Allow"},
+        # The cheapest answer we give: under overload most requests end here.
+        telemetry.refused(BUSY, request_id, 503)
+        response = web.Response(
+            status=503,
+            body=_BUSY_BODY,
+            content_type="application/json",
+            headers={"Retry-After": "1"},
         )
-    except Exception:
-        log.exception("unhandled error", extra={"event": "request_error", "path": request.path})
-        raise _json_error(web.HTTPInternalServerError, "internal_error") from None
+    except BadRequestBody as exc:
+        telemetry.refused(INVALID, request_id, 400, error="invalid_json")
+        response = _error(400, "invalid_json", detail=str(exc))
+    except InvalidRequest as exc:
+        telemetry.refused(INVALID, request_id, 422, error="invalid_request")
+        response = _error(422, "invalid_request", detail=encode_errors(exc.errors))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        exc.headers["X-Request-ID"] = request_id
+        if exc.content_type == "application/json":
+            raise
+        # aiohttp's own answers (404, 405, 413, ...) come as plain text.
+        error = _ERROR_NAMES.get(exc.status) or _snake(exc.reason)
+        if exc.status == 413:
+            telemetry.refused(INVALID, request_id, 413, error=error)
+        response = _error(exc.status, error, detail=exc.text)
+        if "Allow" in exc.headers:
+            response.headers["Allow"] = exc.headers["Allow"]
+    except Exception as exc:
+        telemetry.refused(ERROR, request_id, 500, exc=exc, path=request.path)
+        response = _error(500, "internal_error")
+    response.headers["X-Request-ID"] = request_id
+    return response
+
+
+def _error(status: int, error: str, **fields: Any) -> web.Response:
+    return web.json_response({"error": error, **fields}, status=status)
 
 
 def add_routes(app: web.Application) -> None:

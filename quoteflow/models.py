@@ -129,6 +129,11 @@ class AttemptRecord:
     backoff: float | None = None
     """Seconds slept after this attempt before the next one, if any."""
 
+    @property
+    def ended(self) -> float:
+        """When the attempt gave its slot back."""
+        return self.started + self.slot_wait + self.duration
+
 
 OK = "ok"
 

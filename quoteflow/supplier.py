@@ -35,6 +35,7 @@ from quoteflow.models import (
     STOPPED_ATTEMPTS_EXHAUSTED,
     STOPPED_NOT_RETRYABLE,
     STOPPED_SUCCESS,
+    TIMEOUT,
     TRANSPORT_ERROR,
     AttemptRecord,
     Failure,
@@ -80,6 +81,24 @@ class _Call:
     request: QuoteRequest
     request_id: str
     deadline: float
+
+
+def _record(
+    attempt: int,
+    waiting_since: float,
+    started: float,
+    ended: float,
+    outcome: str,
+    status: int | None = None,
+) -> AttemptRecord:
+    return AttemptRecord(
+        attempt=attempt,
+        started=waiting_since,
+        slot_wait=started - waiting_since,
+        duration=ended - started,
+        outcome=outcome,
+        status=status,
+    )
 
 
 class SupplierClient:
@@ -130,26 +149,26 @@ class SupplierClient:
             "X-Attempt": str(attempt),
             "X-Deadline-Remaining-Ms": str(max(0, int((call.deadline - loop.time()) * 1000))),
         }
-        waiting_since = loop.time()
-        async with self._slots:
-            started = loop.time()
-            self.in_flight += 1
-            try:
-                fetched = await self._fetch(call, headers)
-            finally:
-                self.in_flight -= 1
-                ended = loop.time()
+        waiting_since = started = loop.time()
+        try:
+            async with self._slots:
+                started = loop.time()
+                self.in_flight += 1
+                try:
+                    fetched = await self._fetch(call, headers)
+                finally:
+                    self.in_flight -= 1
+        except asyncio.CancelledError:
+            # The deadline (or the caller leaving) cut this attempt short: keep
+            # it on the bill, then let the cancellation go on.
+            trace.attempts.append(_record(attempt, waiting_since, started, loop.time(), TIMEOUT))
+            raise
+        ended = loop.time()
         if isinstance(fetched, bytes):
             fetched = self._decode(fetched, trace.supplier, call.request.sku)
+        outcome = OK if fetched.quote is not None else fetched.code
         trace.attempts.append(
-            AttemptRecord(
-                attempt=attempt,
-                started=waiting_since,
-                slot_wait=started - waiting_since,
-                duration=ended - started,
-                outcome=OK if fetched.quote is not None else fetched.code,
-                status=fetched.status,
-            )
+            _record(attempt, waiting_since, started, ended, outcome, fetched.status)
         )
         return fetched
 

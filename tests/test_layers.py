@@ -17,12 +17,14 @@ LAYERS = [
     "cli",
     "app",
     "handlers",
+    "observe",
     "service",
     "supplier",
     "codec",
     "models",
     "config",
     "errors",
+    "logs",
 ]
 """Each module may import only modules to its right (``models``, ``config`` and ``errors``
 form the base)."""

@@ -1,0 +1,151 @@
+"""What an operator sees: one log event per supplier attempt and per request, and metrics.
+
+Everything is read off a finished ``QuoteReport`` (the budget bill), so the
+retry loop itself stays free of bookkeeping, and the log, the metrics and
+``?explain=1`` always tell the same story.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from quoteflow.logs import log_event
+from quoteflow.models import STOPPED_DEADLINE, QuoteReport
+
+log = logging.getLogger("quoteflow")
+
+DURATION_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.6,
+    0.7,
+    0.75,
+    0.8,
+    0.85,
+    0.9,
+    1.0,
+    2.0,
+)
+"""Fine around the 0.8 s budget, so "answered at the deadline" is its own bucket."""
+
+SLOT_WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.8)
+
+# Results of an inbound request, as counted in quoteflow_requests_total.
+OK, BUSY, INVALID, ERROR = "ok", "busy", "invalid", "error"
+
+
+class Telemetry:
+    """The metrics of one app (its own registry) and the events that go with them."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self._requests = Counter(
+            "quoteflow_requests", "Inbound quote requests by result.", ["result"], registry=registry
+        )
+        self._duration = Histogram(
+            "quoteflow_request_duration_seconds",
+            "Time from admission to the answer of served quote requests.",
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self._inbound = Gauge(
+            "quoteflow_inbound_in_flight", "Quote requests being served now.", registry=registry
+        )
+        self._outbound = Gauge(
+            "quoteflow_outbound_in_flight",
+            "Supplier attempts holding an outbound slot now.",
+            registry=registry,
+        )
+        self._slot_wait = Histogram(
+            "quoteflow_outbound_slot_wait_seconds",
+            "Time a supplier attempt waited for an outbound slot.",
+            buckets=SLOT_WAIT_BUCKETS,
+            registry=registry,
+        )
+        self._attempts = Counter(
+            "quoteflow_supplier_attempts",
+            "Supplier HTTP attempts by supplier, attempt number and outcome.",
+            ["supplier", "attempt", "outcome"],
+            registry=registry,
+        )
+        self._retries = Counter(
+            "quoteflow_retries",
+            "Second attempts, by supplier and the first attempt's failure.",
+            ["supplier", "reason"],
+            registry=registry,
+        )
+        self._timeouts = Counter(
+            "quoteflow_deadline_timeouts",
+            "Suppliers still working when the request's deadline came.",
+            ["supplier"],
+            registry=registry,
+        )
+
+    def watch(self, inbound: Callable[[], float], outbound: Callable[[], float]) -> None:
+        """Read the in-flight gauges from the service and the client at scrape time."""
+        self._inbound.set_function(inbound)
+        self._outbound.set_function(outbound)
+
+    def served(self, report: QuoteReport) -> None:
+        """A request was answered with a result: count it and log its bill."""
+        result = report.result
+        rid = result.request_id
+        deadline = report.admitted_at + report.budget
+        for trace in report.traces:
+            last = len(trace.attempts)
+            for record in trace.attempts:
+                self._attempts.labels(trace.supplier, str(record.attempt), record.outcome).inc()
+                self._slot_wait.observe(record.slot_wait)
+                if record.backoff is not None:
+                    self._retries.labels(trace.supplier, record.outcome).inc()
+                fields = {
+                    "request_id": rid,
+                    "supplier": trace.supplier,
+                    "attempt": record.attempt,
+                    "outcome": record.outcome,
+                    "status": record.status,
+                    "slot_wait_ms": round(record.slot_wait * 1000, 3),
+                    "duration_ms": round(record.duration * 1000, 3),
+                    "remaining_ms": round((deadline - record.ended) * 1000, 3),
+                }
+                if record.attempt == last:
+                    fields["stopped"] = trace.stopped
+                log_event(log, logging.INFO, "supplier_attempt", fields)
+            if trace.stopped == STOPPED_DEADLINE:
+                self._timeouts.labels(trace.supplier).inc()
+        self._requests.labels(OK).inc()
+        self._duration.observe(result.elapsed_ms / 1000)
+        fields = {
+            "request_id": rid,
+            "status": 200,
+            "result": OK,
+            "elapsed_ms": round(result.elapsed_ms, 3),
+            "quotes": len(result.quotes),
+            "best": result.best.supplier if result.best else None,
+            "failures": {failure.supplier: failure.code for failure in result.failures},
+        }
+        log_event(log, logging.INFO, "quote_request", fields)
+
+    def refused(
+        self,
+        result: str,
+        request_id: str,
+        status: int,
+        exc: BaseException | None = None,
+        **fields: object,
+    ) -> None:
+        """A request was answered without a result: busy, invalid, or our bug (``exc``)."""
+        self._requests.labels(result).inc()
+        level = logging.ERROR if result == ERROR else logging.INFO
+        event = {"request_id": request_id, "status": status, "result": result, **fields}
+        log_event(log, level, "quote_request", event, exc_info=exc)
