@@ -24,10 +24,16 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 pytest: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -q
 
 lab: $(STAMP)
 	$(BIN)/python -m provider_lab --port 9101
+
+run: $(STAMP)
+	$(BIN)/python -m provider_lab.run_pair --lab-port 9101 --port 9100
+
+demo: $(STAMP)
+	$(BIN)/python -m provider_lab.demo --service http://127.0.0.1:9100 --lab http://127.0.0.1:9101
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache
