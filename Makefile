@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest run lab demo bench clean
+.PHONY: install test lint typecheck pytest run lab demo bench bench-quick bench-profile clean
 
 install: $(STAMP)
 
@@ -34,6 +34,25 @@ run: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m provider_lab.demo --service http://127.0.0.1:9100 --lab http://127.0.0.1:9101
+
+# The benchmark (bench/, README "Benchmark"): needs wrk (apt-get install -y wrk;
+# installed automatically when run as root with apt) and the bench extra.
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BIN)/python -m bench.run
+
+bench-quick: $(BENCH_STAMP)
+	$(BIN)/python -m bench.run --quick
+
+# Where QuoteFlow's CPU goes under saturate and overload (py-spy needs root).
+bench-profile: $(BENCH_STAMP)
+	$(BIN)/python -m pip install --quiet py-spy
+	$(BIN)/python -m bench.run --only saturate,overload --rounds 1 --profile
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache

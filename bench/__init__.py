@@ -1,0 +1,1 @@
+"""QuoteFlow's benchmark: ``make bench`` (see ``bench/run.py`` and the README)."""

@@ -1,0 +1,110 @@
+-- wrk script for the QuoteFlow benchmark: POST /api/quotes, one connection per
+-- thread, so request() and response() alternate and one timestamp per thread
+-- gives each request's latency. Every response is counted by status and its
+-- latency put into a per-status histogram (4 significant digits, in µs).
+--
+-- Parameters come from the environment (wrk passes no arguments to done()):
+--   BENCH_SCENARIO  normal|slow|broken|malformed|flaky   (default normal)
+--   BENCH_QUANTITY  integer                              (default 2)
+--   BENCH_INSPECT   1: also read 200 bodies (boreal quoted or failed, elapsed_ms)
+--   BENCH_WRK_OUT   file done() writes its tab-separated results to
+--
+-- wrk copies only flat tables between its Lua states (a nested table
+-- crashes it), so each thread keeps one flat table `bench` of string keys.
+
+local ffi = require("ffi")
+ffi.cdef [[
+typedef struct { long tv_sec; long tv_nsec; } bench_timespec;
+int clock_gettime(int clk_id, bench_timespec *tp);
+]]
+local CLOCK_MONOTONIC = 1
+local ts = ffi.new("bench_timespec")
+
+local function now_us()
+  ffi.C.clock_gettime(CLOCK_MONOTONIC, ts)
+  return tonumber(ts.tv_sec) * 1000000 + math.floor(tonumber(ts.tv_nsec) / 1000)
+end
+
+local function bucket(us)
+  if us < 10000 then
+    return us
+  end
+  local width = 10 ^ (math.floor(math.log10(us)) - 3)
+  return math.floor(us / width) * width
+end
+
+local scenario = os.getenv("BENCH_SCENARIO") or "normal"
+local quantity = os.getenv("BENCH_QUANTITY") or "2"
+local inspect = os.getenv("BENCH_INSPECT") == "1"
+local body = '{"sku": "KB-001", "quantity": ' .. quantity .. ', "scenario": "' .. scenario .. '"}'
+
+local threads = {}
+local req = nil
+local started = nil
+
+function setup(thread)
+  table.insert(threads, thread)
+end
+
+function init(args)
+  req = wrk.format("POST", "/api/quotes", { ["Content-Type"] = "application/json" }, body)
+  bench = {}
+end
+
+function request()
+  started = now_us()
+  return req
+end
+
+local function add(key, n)
+  bench[key] = (bench[key] or 0) + n
+end
+
+function response(status, headers, resp_body)
+  if started == nil then
+    return
+  end
+  local us = now_us() - started
+  started = nil
+  add("n " .. status, 1)
+  add("h " .. status .. " " .. string.format("%d", bucket(us)), 1)
+  if inspect and status == 200 then
+    if resp_body:find('"supplier":%s*"boreal",%s*"sku"') then
+      add("x boreal_quoted", 1)
+    end
+    if resp_body:find('"supplier":%s*"boreal",%s*"code"') then
+      add("x boreal_failed", 1)
+    end
+    local elapsed = tonumber(resp_body:match('"elapsed_ms":%s*([-%d%.eE+]+)'))
+    if elapsed ~= nil and elapsed > (bench["x elapsed_ms_max"] or -1) then
+      bench["x elapsed_ms_max"] = elapsed
+    end
+  end
+end
+
+function done(summary, latency, requests)
+  local path = os.getenv("BENCH_WRK_OUT")
+  if path == nil then
+    return
+  end
+  local out = assert(io.open(path, "w"))
+  out:write(string.format("s duration_us\t%d\n", summary.duration))
+  out:write(string.format("s requests\t%d\n", summary.requests))
+  out:write(string.format("s bytes\t%d\n", summary.bytes))
+  for _, name in ipairs({ "connect", "read", "write", "status", "timeout" }) do
+    out:write(string.format("s errors_%s\t%d\n", name, summary.errors[name]))
+  end
+  for _, p in ipairs({ 50, 90, 99, 99.9 }) do
+    out:write(string.format("s wrk_p%s_us\t%d\n", p, latency:percentile(p)))
+  end
+  out:write(string.format("s wrk_max_us\t%d\n", latency.max))
+  for _, thread in ipairs(threads) do
+    local data = thread:get("bench")
+    if data ~= nil then
+      for key, value in pairs(data) do
+        out:write(string.format("%s\t%.17g\n", key, value))
+      end
+    end
+  end
+  out:close()
+end

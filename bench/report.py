@@ -1,0 +1,401 @@
+"""Turn recorded runs into medians, the targets of issue 5, and the printed table."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from bench.stats import merge, percentile, ratio, spread
+from bench.workloads import Limits, Workload
+
+Run = dict[str, Any]
+Spread = dict[str, float]
+
+METRICS: dict[str, Callable[[Run], float | None]] = {
+    "rps": lambda r: r["rps"],
+    "rate_200": lambda r: r["rate_200"],
+    "share_503": lambda r: r["share_503"],
+    "p50_ms": lambda r: r["latency_ms"]["p50"],
+    "p99_ms": lambda r: r["latency_ms"]["p99"],
+    "max_ms": lambda r: r["latency_ms"]["all_max"],
+    "overhead_p50_ms": lambda r: r["overhead_ms"]["p50"],
+    "overhead_p99_ms": lambda r: r["overhead_ms"]["p99"],
+    "cpu_ms_per_response": lambda r: r["cpu"]["service_ms_per_response"],
+    "service_cores": lambda r: r["cpu"]["service_cores"],
+    "lab_cores": lambda r: r["cpu"]["lab_cores"],
+    "wrk_cores": lambda r: r["cpu"]["wrk_cores"],
+    "machine_busy": lambda r: r["cpu"]["machine_busy"],
+    "lab_requests_per_response": lambda r: r["lab"]["per_response"],
+    "boreal_recovered": lambda r: r["boreal_recovered"],
+    "elapsed_ms_max": lambda r: r["inspected"].get("elapsed_ms_max"),
+}
+
+
+@attrs.frozen
+class Target:
+    """One target of issue 5 and whether this run met it."""
+
+    workload: str
+    metric: str
+    quoteflow: str
+    bare: str
+    ratio: str
+    target: str
+    met: bool | None
+    """``None`` for a figure reported without a target."""
+
+
+# -- progress ------------------------------------------------------------------
+
+
+def banner(results: dict[str, Any], workloads: Sequence[Workload]) -> str:
+    """What is about to run, on which machine."""
+    m, o = results["machine"], results["options"]
+    runs = sum(4 * w.rounds for w in workloads)
+    return (
+        f"QuoteFlow benchmark: {m['nproc']} × {m['cpu_model']}, Python {m['python']}, {m['wrk']}\n"
+        f"{len(workloads)} workloads, {runs} wrk runs of {o['duration_s']:g} s, "
+        "contenders interleaved A B B A"
+        + (f"; QuoteFlow flags: {' '.join(o['quoteflow_args'])}" if o["quoteflow_args"] else "")
+    )
+
+
+def progress_line(workload: Workload, run: Run) -> str:
+    """One line per wrk run, printed as it finishes."""
+    statuses = " ".join(f"{k}:{v}" for k, v in run["statuses"].items())
+    p50, p99 = run["latency_ms"]["p50"], run["latency_ms"]["p99"]
+    cpu = run["cpu"]
+    return (
+        f"  {workload.name:<9}{run['contender']:<10}{run['rps']:9.1f} req/s  "
+        f"p50 {_num(p50)} p99 {_num(p99)} ms  [{statuses}]  "
+        f"cpu: service {cpu['service_cores']:.2f} lab {cpu['lab_cores']:.2f} "
+        f"wrk {cpu['wrk_cores']:.2f} cores"
+    )
+
+
+# -- summary -------------------------------------------------------------------
+
+
+def _runs(workload: dict[str, Any], contender: str) -> list[Run]:
+    return [r for r in workload["runs"] if r["contender"] == contender]
+
+
+def _hist(runs: Iterable[Run], status: str | None = "200") -> dict[int, int]:
+    hists: list[dict[int, int]] = []
+    for run in runs:
+        for code, hist in run["histograms"].items():
+            if status is None or code == status:
+                hists.append({int(b): c for b, c in hist.items()})
+    return merge(hists)
+
+
+def _block_ratios(runs: Sequence[Run], metric: Callable[[Run], float | None]) -> list[float]:
+    """QuoteFlow ÷ bare within each A B B A block of four consecutive runs."""
+    found: list[float] = []
+    for start in range(0, len(runs) - 3, 4):
+        block = runs[start : start + 4]
+        qf = [metric(r) for r in block if r["contender"] == "quoteflow"]
+        bare = [metric(r) for r in block if r["contender"] == "bare"]
+        qf_values = [v for v in qf if v is not None]
+        bare_values = [v for v in bare if v is not None]
+        if qf_values and bare_values:
+            value = ratio(sum(qf_values) / len(qf_values), sum(bare_values) / len(bare_values))
+            if value is not None:
+                found.append(value)
+    return found
+
+
+def summarize(results: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    """Medians with min–max per contender and metric, block ratios, and the targets."""
+    summary: dict[str, Any] = {}
+    for name, workload in results["workloads"].items():
+        entry: dict[str, Any] = {}
+        for contender in ("quoteflow", "bare"):
+            runs = _runs(workload, contender)
+            entry[contender] = {
+                metric: spread(get(r) for r in runs) for metric, get in METRICS.items()
+            }
+            entry[contender]["p99_200_merged_ms"] = percentile(_hist(runs), 99)
+        entry["block_ratios"] = {
+            metric: spread(_block_ratios(workload["runs"], METRICS[metric]))
+            for metric in ("rate_200", "overhead_p50_ms", "overhead_p99_ms", "cpu_ms_per_response")
+        }
+        summary[name] = entry
+    summary["targets"] = [attrs.asdict(t) for t in targets(results, summary, limits)]
+    return summary
+
+
+def _median(summary: dict[str, Any], workload: str, contender: str, metric: str) -> float | None:
+    found = summary.get(workload, {}).get(contender, {}).get(metric)
+    return None if found is None else float(found["median"])
+
+
+def _fmt(value: Spread | None, digits: int = 1, scale: float = 1.0, unit: str = "") -> str:
+    if value is None:
+        return "–"
+    med, low, high = (value[k] * scale for k in ("median", "min", "max"))
+    if value.get("n", 1) == 1 or low == high:
+        return f"{med:.{digits}f}{unit}"
+    return f"{med:.{digits}f}{unit} [{low:.{digits}f}–{high:.{digits}f}]"
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def targets(results: dict[str, Any], summary: dict[str, Any], limits: Limits) -> list[Target]:
+    """Every target of issue 5 (and the figures reported beside them)."""
+    found: list[Target] = []
+    work = results["workloads"]
+
+    def row(
+        workload: str,
+        metric: str,
+        key: str,
+        *,
+        digits: int = 1,
+        scale: float = 1.0,
+        unit: str = "",
+        target: str = "",
+        met: bool | None = None,
+        show_ratio: bool = False,
+    ) -> None:
+        qf, bare = summary[workload]["quoteflow"][key], summary[workload]["bare"][key]
+        block = summary[workload]["block_ratios"].get(key)
+        rat = ""
+        if show_ratio:
+            med = ratio(
+                _median(summary, workload, "quoteflow", key),
+                _median(summary, workload, "bare", key),
+            )
+            rat = _num(med, 2) + (f" [{_fmt(block, 2)}]" if block and block["n"] > 1 else "")
+        found.append(
+            Target(
+                workload,
+                metric,
+                _fmt(qf, digits, scale, unit),
+                _fmt(bare, digits, scale, unit),
+                rat,
+                target,
+                met,
+            )
+        )
+
+    if "light" in work:
+        for q in ("p50", "p99"):
+            key = f"overhead_{q}_ms"
+            r = ratio(
+                _median(summary, "light", "quoteflow", key), _median(summary, "light", "bare", key)
+            )
+            row(
+                "light",
+                f"overhead {q} (ms)",
+                key,
+                digits=2,
+                show_ratio=True,
+                target="≤ 1.2 × bare",
+                met=None if r is None else r <= 1.2,
+            )
+    if "saturate" in work:
+        r = ratio(
+            _median(summary, "saturate", "quoteflow", "rate_200"),
+            _median(summary, "saturate", "bare", "rate_200"),
+        )
+        row(
+            "saturate",
+            "throughput (200/s)",
+            "rate_200",
+            show_ratio=True,
+            target="≥ 0.85 × bare",
+            met=None if r is None else r >= 0.85,
+        )
+        row("saturate", "CPU per request (ms)", "cpu_ms_per_response", digits=2, show_ratio=True)
+        row("saturate", "p50 (ms)", "p50_ms", digits=2, show_ratio=True)
+        row("saturate", "p99 (ms)", "p99_ms", digits=2, show_ratio=True)
+    if "overload" in work:
+        latency = work["overload"]["workload"]["latency_ms"]
+        allowed = limits.allowed_goodput(latency)
+        good = _median(summary, "overload", "quoteflow", "rate_200")
+        row("overload", "503 share", "share_503", digits=1, scale=100, unit=" %")
+        row(
+            "overload",
+            "goodput (200/s)",
+            "rate_200",
+            target=f"≥ {0.9 * allowed:.1f} (90 % of {allowed:.1f})",
+            met=None if good is None else good >= 0.9 * allowed,
+        )
+        p99 = summary["overload"]["quoteflow"]["p99_200_merged_ms"]
+        found.append(
+            Target(
+                "overload",
+                "p99 of the 200s (ms)",
+                _num(p99),
+                _num(summary["overload"]["bare"]["p99_200_merged_ms"]),
+                "",
+                f"≤ {limits.budget_ms:.0f}",
+                None if p99 is None else p99 <= limits.budget_ms,
+            )
+        )
+        row("overload", "CPU per response (ms)", "cpu_ms_per_response", digits=2)
+    if "outage" in work:
+        found.append(_per_request("outage", work["outage"], exact=2))
+    if "flaky" in work:
+        found.append(_recovered(work["flaky"]))
+    if "slow" in work:
+        latest = max(
+            (r["latency_ms"]["all_max"] for r in _runs(work["slow"], "quoteflow")), default=None
+        )
+        bare_latest = max(
+            (r["latency_ms"]["all_max"] for r in _runs(work["slow"], "bare")), default=None
+        )
+        limit = limits.budget_ms + 10
+        found.append(
+            Target(
+                "slow",
+                "latest answer, client (ms)",
+                _num(latest),
+                _num(bare_latest),
+                "",
+                f"≤ {limit:.0f}",
+                None if latest is None else latest <= limit,
+            )
+        )
+        elapsed = max(
+            (r["inspected"].get("elapsed_ms_max", 0.0) for r in _runs(work["slow"], "quoteflow")),
+            default=None,
+        )
+        found.append(Target("slow", "latest elapsed_ms, server", _num(elapsed), "", "", "", None))
+    ok = {c: [w["still_answers"][c]["ok"] for w in work.values()] for c in ("quoteflow", "bare")}
+    found.append(
+        Target(
+            "every",
+            "all 3 quotes after each workload",
+            f"{sum(ok['quoteflow'])}/{len(ok['quoteflow'])}",
+            f"{sum(ok['bare'])}/{len(ok['bare'])}",
+            "",
+            "all",
+            all(ok["quoteflow"]),
+        )
+    )
+    for name in work:
+        wrk = _median(summary, name, "quoteflow", "wrk_cores")
+        svc = _median(summary, name, "quoteflow", "service_cores")
+        found.append(
+            Target(
+                name,
+                "CPU cores: service / lab / wrk",
+                "/".join(
+                    _num(_median(summary, name, "quoteflow", k), 2)
+                    for k in ("service_cores", "lab_cores", "wrk_cores")
+                ),
+                "/".join(
+                    _num(_median(summary, name, "bare", k), 2)
+                    for k in ("service_cores", "lab_cores", "wrk_cores")
+                ),
+                "",
+                "wrk < service",
+                None if wrk is None or svc is None else wrk < svc,
+            )
+        )
+    return found
+
+
+def _per_request(name: str, workload: dict[str, Any], exact: int) -> Target:
+    """Boreal's requests per inbound request, from the lab's per-request-id counts."""
+
+    def tally(contender: str) -> tuple[float | None, str]:
+        counts: dict[int, int] = {}
+        for run in _runs(workload, contender):
+            for k, v in run["lab"]["boreal_per_id"].items():
+                counts[int(k)] = counts.get(int(k), 0) + v
+        ids = sum(counts.values())
+        if not ids:
+            return None, "–"
+        mean = sum(k * v for k, v in counts.items()) / ids
+        dist = ", ".join(f"{k}×{v}" for k, v in sorted(counts.items()))
+        return mean, f"{mean:.3f} ({dist})"
+
+    qf_mean, qf_text = tally("quoteflow")
+    _, bare_text = tally("bare")
+    qf_counts = {
+        int(k) for run in _runs(workload, "quoteflow") for k in run["lab"]["boreal_per_id"]
+    }
+    return Target(
+        name,
+        "boreal requests per inbound",
+        qf_text,
+        bare_text,
+        "",
+        f"= {exact} exactly",
+        None if qf_mean is None else qf_counts == {exact},
+    )
+
+
+def _recovered(workload: dict[str, Any]) -> Target:
+    """Share of 200s in which boreal's quote is present (recovered on attempt 2)."""
+
+    def share(contender: str) -> tuple[float | None, str]:
+        runs = _runs(workload, contender)
+        quoted = sum(r["inspected"].get("boreal_quoted", 0) for r in runs)
+        n200 = sum(int(r["statuses"].get("200", 0)) for r in runs)
+        if not n200:
+            return None, "–"
+        return quoted / n200, f"{100 * quoted / n200:.1f} % of {n200}"
+
+    value, text = share("quoteflow")
+    _, bare_text = share("bare")
+    return Target(
+        "flaky",
+        "boreal recovered",
+        text,
+        bare_text,
+        "",
+        "100 %",
+        None if value is None else value == 1.0,
+    )
+
+
+# -- output --------------------------------------------------------------------
+
+
+def table(results: dict[str, Any], limits: Limits) -> str:
+    """The printed table: one line per figure, each target marked met or NOT MET."""
+    rows = [attrs.asdict(t) if isinstance(t, Target) else t for t in results["summary"]["targets"]]
+    head = ("workload", "metric", "QuoteFlow", "bare fan-out", "QF/bare", "target", "result")
+    cells = [
+        (
+            r["workload"],
+            r["metric"],
+            r["quoteflow"],
+            r["bare"],
+            r["ratio"],
+            r["target"],
+            "" if r["met"] is None else ("met" if r["met"] else "NOT MET"),
+        )
+        for r in rows
+    ]
+    widths = [max(len(str(c[i])) for c in [head, *cells]) for i in range(len(head))]
+    lines = ["", "  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    marked = [r["met"] for r in rows if r["met"] is not None]
+    lines.append(
+        f"\n{sum(marked)}/{len(marked)} targets met. Values: median [min–max] over runs; "
+        "QF/bare: ratio of medians [range of per-block ratios]. "
+        f"Limits: budget {limits.budget_ms:.0f} ms, inbound {limits.inbound}, "
+        f"outbound {limits.outbound}."
+    )
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def plot_all(results: dict[str, Any], out_dir: Path) -> str:
+    """Draw the PNGs if matplotlib is installed; say what was written."""
+    try:
+        from bench import plots
+    except ImportError:
+        return "plots skipped: matplotlib is not installed (pip install -e '.[bench]')"
+    written = plots.draw(results, out_dir)
+    return "plots: " + ", ".join(str(p.name) for p in written)
