@@ -30,6 +30,10 @@ logger = logging.getLogger(__name__)
 
 JSON: Final = "application/json"
 POLL_S: Final = 0.02
+# Give up this long after the caller's stated deadline, not at it: the header is
+# rounded down to whole ms and measured before the trip, so answering exactly at
+# the deadline could beat the caller's own timer and turn its ``timeout`` into a 504.
+DEADLINE_GRACE_S: Final = 0.05
 CHUNK: Final = 64 * 1024
 NOT_HTTP_BYTES: Final = b"SSH-2.0-OpenSSH_9.6\r\nProtocol mismatch.\r\n"
 
@@ -85,14 +89,14 @@ def client_gone(request: web.Request) -> bool:
 
 
 async def wait(call: Call, seconds: float) -> Waited:
-    """Sleep ``seconds`` (may be infinite); stop early if the caller leaves or its deadline passes.
+    """Sleep ``seconds`` (may be infinite); stop early if the caller leaves or its deadline passed.
 
     The connection is polled rather than relying on aiohttp's handler cancellation,
     so a hanging answer ends (and leaves ``active``) however the server is run.
     """
     loop = asyncio.get_running_loop()
     target = loop.time() + seconds
-    end = target if call.deadline is None else min(target, call.deadline)
+    end = target if call.deadline is None else min(target, call.deadline + DEADLINE_GRACE_S)
     while True:
         if client_gone(call.request):
             return "gone"

@@ -119,14 +119,14 @@ async def test_slow_boreal_answers_after_the_slow_delay(lab: LabClient) -> None:
 
 
 async def test_slow_stops_at_the_callers_deadline(lab: LabClient) -> None:
-    """``slow`` with ``X-Deadline-Remaining-Ms: 50`` gives up with a 504 at the deadline."""
+    """``slow`` with ``X-Deadline-Remaining-Ms: 50`` gives up with a 504 after a 50 ms grace."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     status, body = await ask(lab, "boreal", scenario="slow", **{"X-Deadline-Remaining-Ms": "50"})
     elapsed = loop.time() - started
     assert status == 504
     assert json.loads(body)["error"] == "deadline_passed"
-    assert 0.04 <= elapsed < SLOW_MS / 1000
+    assert 0.095 <= elapsed < SLOW_MS / 1000
     assert (await stats(lab))["deadline_expired"] == 1
 
 

@@ -105,7 +105,7 @@ async def test_real_process_serves_and_stops_on_sigterm() -> None:
 
 async def test_port_in_use_is_a_one_line_error() -> None:
     """A port that cannot be bound stops the lab with exit 1 and one line."""
-    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
         process = await asyncio.create_subprocess_exec(

@@ -207,7 +207,7 @@ async def test_hang_with_a_client_timeout(lab: LabClient) -> None:
 
 
 async def test_hang_answers_504_when_the_stated_deadline_passes(lab: LabClient) -> None:
-    """``hang`` given ``X-Deadline-Remaining-Ms`` answers 504 once that time has passed."""
+    """``hang`` given ``X-Deadline-Remaining-Ms`` answers 504 once it is 50 ms past."""
     await set_fault(lab, "boreal", kind="hang")
     status, body = await ask(lab, **{"X-Deadline-Remaining-Ms": "60"})
     assert status == 504

@@ -1,0 +1,68 @@
+"""A small client for the lab's control API, used by ``make demo`` and the end-to-end tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+from provider_lab.catalogue import SUPPLIERS
+
+
+class LabError(RuntimeError):
+    """The lab refused a control request."""
+
+
+class LabControl:
+    """Drive a running lab at ``base_url`` through one ``ClientSession``."""
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str) -> None:
+        self._session = session
+        self.base_url = base_url.rstrip("/")
+
+    async def _call(self, method: str, path: str, body: object = None) -> Any:
+        async with self._session.request(method, self.base_url + path, json=body) as response:
+            payload = await response.json()
+            if response.status >= 400:
+                raise LabError(f"{method} {path}: {response.status} {payload}")
+            return payload
+
+    async def clear_faults(self) -> None:
+        """Clear every supplier's faults."""
+        await self._call("DELETE", "/faults")
+
+    async def add_fault(self, supplier: str, fault: Mapping[str, object]) -> None:
+        """Queue ``fault`` (the control API's JSON form) after ``supplier``'s others."""
+        await self._call("POST", f"/faults/{supplier}", dict(fault))
+
+    async def set_latency(self, ms: int) -> None:
+        """Set the latency added to every supplier answer."""
+        await self._call("PUT", "/latency", {"ms": ms})
+
+    async def stats(self) -> dict[str, Any]:
+        """``GET /stats``."""
+        result: dict[str, Any] = await self._call("GET", "/stats")
+        return result
+
+    async def wait_idle(self, within_s: float = 5.0) -> None:
+        """Wait until no supplier request is in flight (callers hang up after their deadline)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + within_s
+        while (await self.stats())["active"]:
+            if loop.time() > end:
+                raise LabError(f"supplier requests still in flight after {within_s} s")
+            await asyncio.sleep(0.02)
+
+    async def fresh(self) -> None:
+        """No faults, no added latency, nothing in flight, statistics zeroed."""
+        await self.clear_faults()
+        await self.set_latency(0)
+        await self.wait_idle()
+        await self._call("POST", "/reset")
+
+    async def attempts(self, request_id: str) -> dict[str, int]:
+        """Requests each supplier received carrying ``request_id`` (0 for none)."""
+        seen = (await self.stats())["attempts_per_supplier"].get(request_id, {})
+        return {supplier: int(seen.get(supplier, 0)) for supplier in SUPPLIERS}

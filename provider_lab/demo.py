@@ -1,0 +1,371 @@
+"""``make demo``: every scenario and a tour of injected faults, against a running pair.
+
+For each case: clear the lab, switch the case's faults on, ask QuoteFlow once,
+and read from the lab's ``/stats`` how many requests each supplier received
+with that request's id. One table row per case, with the line saying what it
+shows, and a check of the failure codes and attempt counts the contract
+expects. Exit code 1 if any case did not behave as expected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import aiohttp
+import attrs
+
+from provider_lab.catalogue import SUPPLIERS
+from provider_lab.control_client import LabControl
+
+Fault = Mapping[str, object]
+
+
+@attrs.frozen
+class Case:
+    """One demo request: what is switched on, what is asked, what the contract expects."""
+
+    name: str
+    shows: str
+    request: Mapping[str, object] = attrs.field(factory=dict)
+    faults: Sequence[tuple[str, Fault]] = ()
+    best: str | None = "boreal"
+    failures: Mapping[str, str] = attrs.field(factory=dict)
+    attempts: Mapping[str, int] | None = attrs.field(factory=lambda: {"boreal": 1})
+    """Expected requests per supplier (only those named are checked; None: not checked)."""
+
+
+def boreal(kind: str, count: int | None = None, **params: object) -> Sequence[tuple[str, Fault]]:
+    """One fault on boreal."""
+    return [("boreal", {"kind": kind, "count": count, **params})]
+
+
+def bad_data(name: str, shows: str, kind: str, **params: object) -> Case:
+    """Boreal answers 200 with a body that is not a valid quote."""
+    return Case(
+        name,
+        shows,
+        faults=[("boreal", {"kind": kind, **params})],
+        best="atlas",
+        failures={"boreal": "invalid_data"},
+    )
+
+
+CASES: Final[Sequence[Case]] = (
+    Case(
+        "normal",
+        "boreal is cheapest at quantity 2 (2450); cedar has 1 in stock: filtered out, no failure",
+        attempts={"atlas": 1, "boreal": 1, "cedar": 1},
+    ),
+    Case(
+        "normal, quantity 1",
+        "at quantity 1 cedar is cheapest (1100): stock decides, not an error code",
+        request={"quantity": 1},
+        best="cedar",
+    ),
+    Case(
+        "scenario slow",
+        "boreal takes 2 s: it becomes timeout, the others are kept, the reply comes on budget",
+        request={"scenario": "slow"},
+        best="atlas",
+        failures={"boreal": "timeout"},
+        attempts=None,
+    ),
+    Case(
+        "scenario broken",
+        "503 is the status worth retrying: two attempts, then http_503 stands",
+        request={"scenario": "broken"},
+        best="atlas",
+        failures={"boreal": "http_503"},
+        attempts={"boreal": 2},
+    ),
+    Case(
+        "scenario malformed",
+        'unit_cents came as the string "1100": invalid_data, and bad data is never retried',
+        request={"scenario": "malformed"},
+        best="atlas",
+        failures={"boreal": "invalid_data"},
+    ),
+    Case(
+        "scenario flaky",
+        "boreal recovered on its second attempt, same request id",
+        request={"scenario": "flaky"},
+        attempts={"boreal": 2},
+    ),
+    Case(
+        "http_404",
+        "a 404 will not change on a retry: one attempt",
+        faults=boreal("http_404"),
+        best="atlas",
+        failures={"boreal": "http_404"},
+    ),
+    Case(
+        "http_429 Retry-After: 1",
+        "429 is final inside the budget, Retry-After or not: one attempt",
+        faults=boreal("http_429", retry_after=1),
+        best="atlas",
+        failures={"boreal": "http_429"},
+    ),
+    Case(
+        "http_500",
+        "a 500 is not retried: one attempt",
+        faults=boreal("http_500"),
+        best="atlas",
+        failures={"boreal": "http_500"},
+    ),
+    Case(
+        "http_503 once",
+        "one 503, then the quote: the single retry paid off",
+        faults=boreal("http_503", count=1),
+        attempts={"boreal": 2},
+    ),
+    Case(
+        "http_503 always, 300 KB bodies",
+        "503 twice with bodies past the read buffer: http_503, and no connection is leaked",
+        faults=boreal("http_503", size=300_000),
+        best="atlas",
+        failures={"boreal": "http_503"},
+        attempts={"boreal": 2},
+    ),
+    Case(
+        "http_status 302",
+        "redirects are not followed: http_302, one attempt",
+        faults=boreal("http_status", status=302),
+        best="atlas",
+        failures={"boreal": "http_302"},
+    ),
+    Case(
+        "truncated once",
+        "body cut short (Content-Length unmet): transport error, retried, second attempt good",
+        faults=boreal("truncated", count=1),
+        attempts={"boreal": 2},
+    ),
+    Case(
+        "reset once",
+        "TCP reset: transient, retried once, then the quote",
+        faults=boreal("reset", count=1),
+        attempts={"boreal": 2},
+    ),
+    Case(
+        "close once",
+        "connection closed with no answer: retried once, then the quote",
+        faults=boreal("close", count=1),
+        attempts={"boreal": 2},
+    ),
+    Case(
+        "close always",
+        "every connection dropped: boreal saw exactly 2 requests (aiohttp's own re-send is off)",
+        faults=boreal("close"),
+        best="atlas",
+        failures={"boreal": "transport_error"},
+        attempts={"boreal": 2},
+    ),
+    Case(
+        "hang",
+        "boreal never answers: timeout at the budget, the other quotes are kept",
+        faults=boreal("hang"),
+        best="atlas",
+        failures={"boreal": "timeout"},
+        attempts=None,
+    ),
+    Case(
+        "latency 300 ms",
+        "slow but within the budget: simply waited for",
+        faults=boreal("latency", ms=300),
+    ),
+    Case(
+        "wrong_content_type",
+        "a valid quote labelled text/plain is still a valid quote",
+        faults=boreal("wrong_content_type"),
+    ),
+    bad_data(
+        "bad_gzip",
+        "gzip that does not decode is bad data, not a transport failure: no retry",
+        "bad_gzip",
+    ),
+    bad_data("not_http", "a reply that is not HTTP: invalid_data, never http_400", "not_http"),
+    bad_data("not_json (html)", "an HTML error page with status 200: invalid_data", "not_json"),
+    bad_data(
+        'wrong_types "stock": "50"',
+        'a string where an integer belongs ("50"): no lenient conversion',
+        "wrong_types",
+    ),
+    bad_data(
+        "wrong_types unit_cents: true",
+        "true is not an integer, although Python's int(True) is 1",
+        "wrong_types",
+        field="unit_cents",
+        variant="bool",
+    ),
+    bad_data(
+        "wrong_types unit_cents: 1100.5",
+        "a float is not an integer, and is not truncated to one",
+        "wrong_types",
+        field="unit_cents",
+        variant="float",
+    ),
+    bad_data("negative unit_cents", "negative money is refused", "negative"),
+    bad_data("extra_key", 'an unexpected "currency" key is refused, not dropped', "extra_key"),
+    bad_data("missing_key stock", "a quote without stock is incomplete", "missing_key"),
+    bad_data(
+        "duplicate_key unit_cents",
+        "a repeated key (second value 1) would silently win in plain json.loads: refused",
+        "duplicate_key",
+    ),
+    bad_data("wrong_supplier", "boreal's answer naming cedar is refused", "wrong_supplier"),
+    bad_data("wrong_sku", "an answer for another SKU is refused", "wrong_sku"),
+    bad_data(
+        "oversized 10 MB",
+        "a 10 MB body is refused at the size cap, not read into memory",
+        "oversized",
+    ),
+    bad_data(
+        "gzip_bomb 50 MB",
+        "50 KB of valid gzip inflating to 50 MB: the decoded-size cap stops it early",
+        "gzip_bomb",
+    ),
+    Case(
+        "503, then bad data",
+        "after a retry, the last attempt's code stands: invalid_data, and no third attempt",
+        faults=[
+            ("boreal", {"kind": "http_503", "count": 1}),
+            ("boreal", {"kind": "wrong_types", "count": 1}),
+        ],
+        best="atlas",
+        failures={"boreal": "invalid_data"},
+        attempts={"boreal": 2},
+    ),
+    Case(
+        'SKU "A&scenario=broken"',
+        "the SKU reaches every supplier literally (404), no scenario smuggled in",
+        request={"sku": "A&scenario=broken"},
+        best=None,
+        failures={s: "http_404" for s in SUPPLIERS},
+        attempts={s: 1 for s in SUPPLIERS},
+    ),
+)
+
+
+@attrs.frozen
+class Outcome:
+    """What one case produced and whether it matched the expectation."""
+
+    case: Case
+    best: str | None
+    failures: dict[str, str]
+    attempts: dict[str, int]
+    elapsed_ms: float
+    problems: list[str]
+
+
+async def run_case(
+    session: aiohttp.ClientSession, lab: LabControl, service_url: str, case: Case
+) -> Outcome:
+    """Set the lab up for ``case``, ask QuoteFlow once, and compare with the expectation."""
+    await lab.fresh()
+    for supplier, fault in case.faults:
+        await lab.add_fault(supplier, fault)
+    async with session.post(f"{service_url}/api/quotes", json=dict(case.request)) as response:
+        result: dict[str, Any] = await response.json()
+        status = response.status
+    await lab.clear_faults()
+    if status != 200:
+        return Outcome(case, None, {}, {}, 0.0, [f"QuoteFlow answered {status}: {result}"])
+    best = result["best"]["supplier"] if result["best"] else None
+    failures = {f["supplier"]: f["code"] for f in result["failures"]}
+    await lab.wait_idle()
+    attempts = await lab.attempts(result["request_id"])
+    problems = []
+    if best != case.best:
+        problems.append(f"best {best}, expected {case.best}")
+    if failures != dict(case.failures):
+        problems.append(f"failures {failures}, expected {dict(case.failures)}")
+    for supplier, expected in (case.attempts or {}).items():
+        if attempts[supplier] != expected:
+            problems.append(f"{supplier} got {attempts[supplier]} requests, expected {expected}")
+    return Outcome(case, best, failures, attempts, float(result["elapsed_ms"]), problems)
+
+
+COLUMNS: Final = ("case", "best", "failures", "attempts a/b/c", "ms", "")
+WIDTHS: Final = (32, 7, 26, 15, 7, 2)
+
+
+def _row(cells: Sequence[str]) -> str:
+    return "  ".join(
+        cell.rjust(width) if i == 4 else cell.ljust(width)
+        for i, (cell, width) in enumerate(zip(cells, WIDTHS, strict=True))
+    ).rstrip()
+
+
+def format_outcome(outcome: Outcome) -> list[str]:
+    """The table row and the line explaining it (plus any mismatch)."""
+    codes = set(outcome.failures.values())
+    if len(outcome.failures) == len(SUPPLIERS) and len(codes) == 1:
+        failures = f"all: {codes.pop()}"
+    else:
+        failures = ", ".join(f"{s}:{c}" for s, c in outcome.failures.items()) or "-"
+    attempts = "/".join(str(outcome.attempts.get(s, 0)) for s in SUPPLIERS)
+    mark = "ok" if not outcome.problems else "!!"
+    lines = [
+        _row(
+            [
+                outcome.case.name,
+                outcome.best or "-",
+                failures,
+                attempts,
+                f"{outcome.elapsed_ms:.1f}",
+                mark,
+            ]
+        ),
+        f"    {outcome.case.shows}",
+    ]
+    lines += [f"    !! {problem}" for problem in outcome.problems]
+    return lines
+
+
+async def demo(service_url: str, lab_url: str) -> int:
+    """Run every case in order and print the table; 0 if all behaved as expected."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        lab = LabControl(session, lab_url)
+        for name, url in (("QuoteFlow", service_url), ("provider lab", lab_url)):
+            try:
+                async with session.get(f"{url}/health") as response:
+                    response.raise_for_status()
+            except aiohttp.ClientError:
+                print(f"demo: no {name} at {url}; start the pair with `make run` first")
+                return 1
+        print(f"QuoteFlow {service_url}, provider lab {lab_url}; faults act on boreal.\n")
+        print(_row(COLUMNS))
+        print(_row(["-" * w for w in WIDTHS]))
+        outcomes = []
+        for case in CASES:
+            outcome = await run_case(session, lab, service_url, case)
+            outcomes.append(outcome)
+            print("\n".join(format_outcome(outcome)), flush=True)
+        await lab.fresh()
+    wrong = [o.case.name for o in outcomes if o.problems]
+    print()
+    if wrong:
+        print(f"{len(wrong)} of {len(outcomes)} cases did not behave as expected: {wrong}")
+        return 1
+    print(f"All {len(outcomes)} cases behaved as the contract says.")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m provider_lab.demo [--service URL] [--lab URL]``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m provider_lab.demo",
+        description="Drive every scenario and fault through a running QuoteFlow and lab.",
+    )
+    parser.add_argument("--service", default="http://127.0.0.1:9100", help="QuoteFlow's URL")
+    parser.add_argument("--lab", default="http://127.0.0.1:9101", help="the provider lab's URL")
+    args = parser.parse_args(argv)
+    return asyncio.run(demo(args.service.rstrip("/"), args.lab.rstrip("/")))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""``make run`` and ``make demo``: the pair as one process tree, the README's curl, clean stops."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shlex
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import attrs
+import pytest
+
+from tests.e2e.conftest import free_port
+
+
+def refuses(port: int) -> bool:
+    """Whether nothing listens on ``port`` any more."""
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of running processes that contain ``text`` (Linux /proc)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if text in args:
+                found.append(args)
+    return found
+
+
+@attrs.define
+class Running:
+    """A ``run_pair`` process and everything it has printed so far."""
+
+    process: asyncio.subprocess.Process
+    lines: list[str]
+    lab_port: int
+    port: int
+
+    async def line_containing(self, text: str, within_s: float = 20.0) -> str:
+        """Wait for an output line containing ``text``."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + within_s
+        while loop.time() < end:
+            for line in self.lines:
+                if text in line:
+                    return line
+            if self.process.returncode is not None:
+                break
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"no line with {text!r} in:\n" + "\n".join(self.lines))
+
+
+async def _drain(stream: asyncio.StreamReader, lines: list[str]) -> None:
+    while line := await stream.readline():
+        lines.append(line.decode(errors="replace").rstrip())
+
+
+async def start_pair(lab_port: int, port: int) -> tuple[Running, asyncio.Task[None]]:
+    """Start ``run_pair`` and keep reading what it and its children print."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "provider_lab.run_pair",
+        "--lab-port",
+        str(lab_port),
+        "--port",
+        str(port),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    running = Running(process, [], lab_port, port)
+    assert process.stdout is not None
+    return running, asyncio.create_task(_drain(process.stdout, running.lines))
+
+
+@pytest.fixture
+async def running_pair() -> AsyncIterator[Running]:
+    """``run_pair`` on free ports; killed at the end if a test left it running."""
+    running, reader = await start_pair(free_port(), free_port())
+    try:
+        yield running
+    finally:
+        if running.process.returncode is None:
+            running.process.kill()
+            await running.process.wait()
+        await reader
+
+
+async def test_run_pair_serves_the_readme_curl_and_stops_cleanly(running_pair: Running) -> None:
+    """The printed curl gives boreal as best with no failures; SIGINT stops both processes."""
+    line = await running_pair.line_containing("curl -s -X POST")
+    args = shlex.split(line)
+    url, body = args[args.index("POST") + 1], args[args.index("-d") + 1]
+    assert url == f"http://127.0.0.1:{running_pair.port}/api/quotes"
+    assert body == '{"quantity":2,"scenario":"flaky"}'
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, data=body, headers={"Content-Type": "application/json"}) as response,
+    ):
+        result = await response.json()
+    assert result["best"]["supplier"] == "boreal"
+    assert result["failures"] == []
+
+    running_pair.process.send_signal(signal.SIGINT)
+    assert await asyncio.wait_for(running_pair.process.wait(), 15) == 0
+    assert refuses(running_pair.port)
+    assert refuses(running_pair.lab_port)
+    assert processes_mentioning(f"--port {running_pair.port}") == []
+    assert processes_mentioning(f"--port {running_pair.lab_port}") == []
+
+
+async def test_demo_shows_every_case_as_expected(running_pair: Running) -> None:
+    """``make demo`` against the running pair: every case behaves as the contract says."""
+    await running_pair.line_containing("Ctrl-C stops both")
+    demo = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "provider_lab.demo",
+        "--service",
+        f"http://127.0.0.1:{running_pair.port}",
+        "--lab",
+        f"http://127.0.0.1:{running_pair.lab_port}",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(demo.communicate(), 30)
+    text = out.decode()
+    assert demo.returncode == 0, text
+    assert "cases behaved as the contract says" in text
+    assert "scenario flaky" in text
+    running_pair.process.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(running_pair.process.wait(), 15) == 0
+
+
+async def test_demo_without_a_pair_says_how_to_start_one() -> None:
+    """``make demo`` with nothing running prints one hint line and exits 1."""
+    port = free_port()
+    demo = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "provider_lab.demo",
+        "--service",
+        f"http://127.0.0.1:{port}",
+        "--lab",
+        f"http://127.0.0.1:{port}",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await asyncio.wait_for(demo.communicate(), 10)
+    assert demo.returncode == 1
+    assert "make run" in out.decode()
+
+
+async def test_a_child_that_cannot_start_stops_the_other() -> None:
+    """If the lab's port is taken, ``run_pair`` exits 1 and leaves no QuoteFlow behind."""
+    blocker = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    lab_port = blocker.sockets[0].getsockname()[1]
+    running, reader = await start_pair(lab_port, free_port())
+    try:
+        assert await asyncio.wait_for(running.process.wait(), 30) == 1
+    finally:
+        blocker.close()
+        await blocker.wait_closed()
+        if running.process.returncode is None:
+            running.process.kill()
+            await running.process.wait()
+        await reader
+    assert refuses(running.port)
+    assert processes_mentioning(f"--port {running.port}") == []
