@@ -72,7 +72,9 @@ def _supplier_session(
             app[SUPPLIER_CLIENT] = client
             app[handlers.SERVICE] = service
             app[handlers.TELEMETRY].watch(
-                inbound=lambda: service.in_flight, outbound=lambda: client.in_flight
+                inbound=lambda: service.in_flight,
+                outbound=lambda: client.in_flight,
+                retry_tokens=client.retry_tokens,
             )
             yield
 

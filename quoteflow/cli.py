@@ -33,6 +33,8 @@ _OPTIONS: dict[str, tuple[str | None, Callable[[str], Any], str]] = {
     ),
     "log_level": ("QUOTEFLOW_LOG_LEVEL", str, "debug, info, warning or error (default info)"),
     "log_format": ("QUOTEFLOW_LOG_FORMAT", str, "json (default) or text, on stderr"),
+    "supplier_share": (None, int, "outbound slots one supplier may hold (default: limit / 3)"),
+    "min_attempt_time": (None, float, "least budget a second attempt needs, seconds"),
     "connect_timeout": (None, float, "socket connect timeout of one attempt, seconds"),
     "read_timeout": (None, float, "longest silence while reading an answer, seconds"),
 }
@@ -87,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             log, logging.INFO, "listening", {"url": f"http://{settings.host}:{settings.port}"}
         ),
         shutdown_timeout=settings.budget + 1.0,
+        # A caller that hangs up stops paying: its fan-out is cancelled at once.
+        handler_cancellation=True,
     )
     log_event(log, logging.INFO, "stopped", {})
     return 0

@@ -34,9 +34,24 @@ class Settings:
     """Inbound requests served at once; the next one gets 503 at once."""
     outbound_limit: int = attrs.field(default=6, validator=v.ge(1))
     """Supplier HTTP attempts in flight at once, shared by every request."""
+    supplier_share: int = attrs.field(
+        default=attrs.Factory(
+            lambda self: -(-self.outbound_limit // len(SUPPLIERS)), takes_self=True
+        ),
+        validator=v.ge(1),
+    )
+    """Outbound slots one supplier may hold at once: a hanging one cannot starve the rest."""
     attempts: int = attrs.field(default=2, validator=[v.ge(1), v.le(2)])
     backoff_min: float = attrs.field(default=0.020, validator=v.ge(0))
     backoff_max: float = attrs.field(default=0.030, validator=v.ge(0))
+    min_attempt_time: float = attrs.field(default=0.05, validator=v.ge(0))
+    """Least budget a second attempt must have left (after its backoff) to be started."""
+    retry_after_cap: float = attrs.field(default=0.5, validator=v.ge(0))
+    """Longest ``Retry-After`` a 503 may ask for and still be retried."""
+    retry_budget_capacity: float = attrs.field(default=10.0, validator=v.ge(1))
+    """Retries a supplier may spend in a burst before they must pay off."""
+    retry_budget_earn: float = attrs.field(default=0.1, validator=[v.ge(0), v.le(1)])
+    """Share of a retry every request earns: the retry rate of a supplier that is down."""
     connect_timeout: float = attrs.field(default=0.25, validator=_positive)
     """Socket connect timeout of one attempt; firing is a transient transport error."""
     read_timeout: float = attrs.field(default=0.5, validator=_positive)

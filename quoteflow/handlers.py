@@ -7,6 +7,7 @@ as a JSON body — never as HTML or a traceback — carrying the request's id.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import re
@@ -111,6 +112,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     telemetry = request.app[TELEMETRY]
     try:
         response = await handler(request)
+    except asyncio.CancelledError:
+        # The caller hung up (aiohttp cancels the handler): the fan-out has
+        # been cancelled with it and every slot given back. Count it, go on.
+        telemetry.caller_left(request_id)
+        raise
     except CapacityExhausted:
         # The cheapest answer we give: under overload most requests end here.
         telemetry.refused(BUSY, request_id, 503)

@@ -111,6 +111,12 @@ STOPPED_SUCCESS = "success"
 STOPPED_NOT_RETRYABLE = "not_retryable"
 STOPPED_ATTEMPTS_EXHAUSTED = "attempts_exhausted"
 STOPPED_DEADLINE = "deadline"
+STOPPED_NO_TIME = "no_time"
+"""The budget left could not cover the backoff and a useful attempt."""
+STOPPED_RETRY_AFTER = "retry_after"
+"""The supplier's Retry-After asked for a wait the budget could not afford."""
+STOPPED_RETRY_BUDGET = "retry_budget"
+"""This supplier's recent retries did not pay off; its retry budget is spent."""
 
 
 @attrs.frozen(kw_only=True)

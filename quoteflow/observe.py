@@ -7,13 +7,21 @@ retry loop itself stays free of bookkeeping, and the log, the metrics and
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from quoteflow.config import SUPPLIERS
 from quoteflow.logs import log_event
-from quoteflow.models import STOPPED_DEADLINE, QuoteReport
+from quoteflow.models import (
+    STOPPED_DEADLINE,
+    STOPPED_NO_TIME,
+    STOPPED_RETRY_AFTER,
+    STOPPED_RETRY_BUDGET,
+    QuoteReport,
+)
 
 log = logging.getLogger("quoteflow")
 
@@ -39,6 +47,8 @@ DURATION_BUCKETS = (
 """Fine around the 0.8 s budget, so "answered at the deadline" is its own bucket."""
 
 SLOT_WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.8)
+
+RETRY_REFUSALS = (STOPPED_NO_TIME, STOPPED_RETRY_AFTER, STOPPED_RETRY_BUDGET)
 
 # Results of an inbound request, as counted in quoteflow_requests_total.
 OK, BUSY, INVALID, ERROR = "ok", "busy", "invalid", "error"
@@ -84,6 +94,23 @@ class Telemetry:
             ["supplier", "reason"],
             registry=registry,
         )
+        self._refusals = Counter(
+            "quoteflow_retries_refused",
+            "Second attempts not sent, by supplier and reason.",
+            ["supplier", "reason"],
+            registry=registry,
+        )
+        self._retry_tokens = Gauge(
+            "quoteflow_retry_budget_tokens",
+            "Retries each supplier may still spend now.",
+            ["supplier"],
+            registry=registry,
+        )
+        self._disconnects = Counter(
+            "quoteflow_caller_disconnects",
+            "Requests whose caller went away before the answer; their fan-out was cancelled.",
+            registry=registry,
+        )
         self._timeouts = Counter(
             "quoteflow_deadline_timeouts",
             "Suppliers still working when the request's deadline came.",
@@ -91,10 +118,19 @@ class Telemetry:
             registry=registry,
         )
 
-    def watch(self, inbound: Callable[[], float], outbound: Callable[[], float]) -> None:
-        """Read the in-flight gauges from the service and the client at scrape time."""
+    def watch(
+        self,
+        inbound: Callable[[], float],
+        outbound: Callable[[], float],
+        retry_tokens: Callable[[str], float],
+    ) -> None:
+        """Read the gauges from the service and the client at scrape time."""
         self._inbound.set_function(inbound)
         self._outbound.set_function(outbound)
+        for supplier in SUPPLIERS:
+            self._retry_tokens.labels(supplier).set_function(
+                functools.partial(retry_tokens, supplier)
+            )
 
     def served(self, report: QuoteReport) -> None:
         """A request was answered with a result: count it and log its bill."""
@@ -123,6 +159,8 @@ class Telemetry:
                 log_event(log, logging.INFO, "supplier_attempt", fields)
             if trace.stopped == STOPPED_DEADLINE:
                 self._timeouts.labels(trace.supplier).inc()
+            elif trace.stopped in RETRY_REFUSALS:
+                self._refusals.labels(trace.supplier, trace.stopped).inc()
         self._requests.labels(OK).inc()
         self._duration.observe(result.elapsed_ms / 1000)
         fields = {
@@ -135,6 +173,11 @@ class Telemetry:
             "failures": {failure.supplier: failure.code for failure in result.failures},
         }
         log_event(log, logging.INFO, "quote_request", fields)
+
+    def caller_left(self, request_id: str) -> None:
+        """The caller hung up; its fan-out was cancelled and its slots are back."""
+        self._disconnects.inc()
+        log_event(log, logging.INFO, "caller_disconnected", {"request_id": request_id})
 
     def refused(
         self,

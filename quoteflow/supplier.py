@@ -27,13 +27,16 @@ from aiohttp.http_exceptions import ContentLengthError, TransferEncodingError
 from yarl import URL
 
 from quoteflow.codec import decode_supplier_quote
-from quoteflow.config import Settings
+from quoteflow.config import SUPPLIERS, Settings
 from quoteflow.errors import InvalidSupplierData
 from quoteflow.models import (
     INVALID_DATA,
     OK,
     STOPPED_ATTEMPTS_EXHAUSTED,
+    STOPPED_NO_TIME,
     STOPPED_NOT_RETRYABLE,
+    STOPPED_RETRY_AFTER,
+    STOPPED_RETRY_BUDGET,
     STOPPED_SUCCESS,
     TIMEOUT,
     TRANSPORT_ERROR,
@@ -44,6 +47,7 @@ from quoteflow.models import (
     SupplierTrace,
     http_failure_code,
 )
+from quoteflow.retry import AttemptTimeEstimate, RetryBudget, retry_after_delay
 
 TRANSIENT_ERRORS: Final = (
     aiohttp.ClientConnectorError,  # refused or unreachable before a byte was sent
@@ -73,6 +77,8 @@ class _AttemptResult:
     code: str
     retryable: bool = False
     status: int | None = None
+    retry_after: float | None = None
+    """Seconds the supplier asked us to wait (``Retry-After`` on a 503)."""
 
 
 @attrs.frozen
@@ -101,18 +107,37 @@ def _record(
     )
 
 
+class _SupplierState:
+    """What the process knows about one supplier, shared by every request."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.share = asyncio.Semaphore(settings.supplier_share)
+        self.attempt_time = AttemptTimeEstimate(settings.min_attempt_time)
+        self.retry_budget = RetryBudget(settings.retry_budget_capacity, settings.retry_budget_earn)
+
+
 class SupplierClient:
-    """Asks suppliers for quotes through one shared session and outbound limit."""
+    """Asks suppliers for quotes through one shared session and outbound limit.
+
+    Each supplier may hold at most its share of the outbound slots, so one
+    that hangs can never take the capacity the healthy ones need.
+    """
 
     def __init__(self, session: aiohttp.ClientSession, settings: Settings) -> None:
         self._session = session
         self._base = URL(settings.provider_url)
         self._slots = asyncio.Semaphore(settings.outbound_limit)
+        self._suppliers = {supplier: _SupplierState(settings) for supplier in SUPPLIERS}
         self._attempts = settings.attempts
         self._backoff = (settings.backoff_min, settings.backoff_max)
+        self._retry_after_cap = settings.retry_after_cap
         self._max_body = settings.max_supplier_body_bytes
         self.in_flight = 0
         """Attempts holding an outbound slot right now."""
+
+    def retry_tokens(self, supplier: str) -> float:
+        """Retries ``supplier`` may still spend now."""
+        return self._suppliers[supplier].retry_budget.tokens
 
     async def quote(
         self,
@@ -123,8 +148,12 @@ class SupplierClient:
     ) -> SupplierQuote | Failure:
         """Ask ``trace.supplier`` for ``request``; the caller enforces ``deadline``."""
         call = _Call(self._base / "quotes" / trace.supplier, request, request_id, deadline)
+        state = self._suppliers[trace.supplier]
+        state.retry_budget.first_attempt()
         for attempt in range(1, self._attempts + 1):
             result = await self._attempt(call, trace, attempt)  # slot taken and given back
+            if attempt > 1 and result.quote is not None:
+                state.retry_budget.paid_off()
             if result.quote is not None:
                 trace.stopped = STOPPED_SUCCESS
                 return result.quote
@@ -134,12 +163,31 @@ class SupplierClient:
             if attempt == self._attempts:
                 trace.stopped = STOPPED_ATTEMPTS_EXHAUSTED
                 break
+            backoff, refusal = self._plan_retry(state, result, deadline)
+            if refusal is not None:
+                trace.stopped = refusal  # answer now: waiting could not bring a quote
+                break
             # Back off outside the slot, so a failing supplier does not hold
             # capacity a healthy one could use; the caller's deadline still runs.
-            backoff = random.uniform(*self._backoff)
             trace.attempts[-1] = attrs.evolve(trace.attempts[-1], backoff=backoff)
             await asyncio.sleep(backoff)
         return Failure(trace.supplier, result.code)
+
+    def _plan_retry(
+        self, state: _SupplierState, failed: _AttemptResult, deadline: float
+    ) -> tuple[float, str | None]:
+        """The backoff before a second attempt, or why there will be none."""
+        backoff = random.uniform(*self._backoff)
+        if failed.retry_after is not None:
+            if failed.retry_after > self._retry_after_cap:
+                return backoff, STOPPED_RETRY_AFTER
+            backoff = max(backoff, failed.retry_after)
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining < backoff + state.attempt_time.needed:
+            return backoff, (STOPPED_RETRY_AFTER if failed.retry_after else STOPPED_NO_TIME)
+        if not state.retry_budget.try_spend():
+            return backoff, STOPPED_RETRY_BUDGET
+        return backoff, None
 
     async def _attempt(self, call: _Call, trace: SupplierTrace, attempt: int) -> _AttemptResult:
         """One attempt: wait for a slot, fetch, give the slot back, then decode."""
@@ -150,8 +198,10 @@ class SupplierClient:
             "X-Deadline-Remaining-Ms": str(max(0, int((call.deadline - loop.time()) * 1000))),
         }
         waiting_since = started = loop.time()
+        state = self._suppliers[trace.supplier]
         try:
-            async with self._slots:
+            # The supplier's share first: waiting for it holds no shared slot.
+            async with state.share, self._slots:
                 started = loop.time()
                 self.in_flight += 1
                 try:
@@ -164,6 +214,8 @@ class SupplierClient:
             trace.attempts.append(_record(attempt, waiting_since, started, loop.time(), TIMEOUT))
             raise
         ended = loop.time()
+        if isinstance(fetched, bytes) or fetched.status is not None:
+            state.attempt_time.observe(ended - started)  # it answered: a useful attempt's length
         if isinstance(fetched, bytes):
             fetched = self._decode(fetched, trace.supplier, call.request.sku)
         outcome = OK if fetched.quote is not None else fetched.code
@@ -180,11 +232,15 @@ class SupplierClient:
                 call.url, params=params, headers=headers, allow_redirects=False
             ) as response:
                 if response.status != 200:
+                    retryable = response.status == 503
                     return _AttemptResult(
                         None,
                         http_failure_code(response.status),
-                        retryable=response.status == 503,
+                        retryable=retryable,
                         status=response.status,
+                        retry_after=retry_after_delay(response.headers.get("Retry-After"))
+                        if retryable
+                        else None,
                     )
                 return await self._read_body(response)
         except NEVER_RETRIED:

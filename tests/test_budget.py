@@ -52,16 +52,20 @@ async def test_path_3_503_twice_then_stop(
     assert took < TEST_BUDGET
 
 
-async def test_path_4_deadline_falls_in_the_backoff(
+async def test_path_4_deadline_would_fall_in_the_backoff(
     start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
 ) -> None:
-    """A 503 so late the deadline comes during the backoff: no second attempt, timeout."""
+    """A 503 so late the deadline would come during the backoff: no second attempt.
+
+    The lesson waits for the deadline and reports timeout; QuoteFlow sees the
+    retry cannot finish and answers at once with the 503 it has.
+    """
     suppliers.always("boreal", delay(TEST_BUDGET - 0.015, status(503)))
     result, took = await timed_ask(await start_quoteflow())
-    assert failure_of(result, "boreal") == "timeout"
+    assert failure_of(result, "boreal") == "http_503"
     assert suppliers.count("boreal") == 1
     assert took < TEST_BUDGET + MARGIN
-    assert result["elapsed_ms"] < (TEST_BUDGET + MARGIN) * 1000
+    assert result["elapsed_ms"] < TEST_BUDGET * 1000
 
 
 async def test_hanging_suppliers_answer_within_the_budget(

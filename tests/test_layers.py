@@ -20,6 +20,7 @@ LAYERS = [
     "observe",
     "service",
     "supplier",
+    "retry",
     "codec",
     "models",
     "config",

@@ -86,17 +86,18 @@ async def test_bill_of_503_twice(start_quoteflow: StartQuoteFlow, suppliers: Fak
     check_bill_adds_up(bill)
 
 
-async def test_bill_of_a_deadline_in_the_backoff(
+async def test_bill_of_a_retry_that_could_not_finish(
     start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
 ) -> None:
-    """Path 4: a late 503, a backoff cut by the deadline, stopped by the deadline."""
+    """Path 4: a 503 too late for a useful second attempt stops at once with no_time."""
     suppliers.always("boreal", delay(TEST_BUDGET - 0.015, status(503)))
     bill = (await explain(await start_quoteflow()))["explain"]
     boreal = bill["suppliers"]["boreal"]
     (attempt,) = boreal["attempts"]
     assert attempt["outcome"] == "http_503"
-    assert attempt["remaining_ms"] < 30
-    assert boreal["stopped"] == "deadline"
+    assert attempt["backoff_ms"] is None
+    assert 0 < attempt["remaining_ms"] < 30
+    assert boreal["stopped"] == "no_time"
     check_bill_adds_up(bill)
 
 
