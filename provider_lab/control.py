@@ -12,6 +12,7 @@ Served to loopback clients only (see :func:`provider_lab.app.loopback_only`).
 ``GET /latency``           the lab-wide added latency
 ``PUT /latency``           set it: ``{"ms": N}``
 ``GET /stats``             in-flight count, per-supplier counts, attempts per id
+                           (``?request_id=ID``: only those ids; ``?summary=1``: none)
 ``POST /reset``            zero the statistics (409 while requests are in flight)
 =========================  ==================================================
 """
@@ -142,8 +143,16 @@ async def put_latency(request: web.Request) -> web.Response:
 
 
 async def stats(request: web.Request) -> web.Response:
-    """What the lab has seen since the last reset."""
-    return json_response(200, request.app[STATE].stats.to_json())
+    """What the lab has seen since the last reset.
+
+    ``?request_id=ID`` (repeatable) limits the per-id maps to those ids;
+    ``?summary=1`` leaves them out, for callers that only want the counters.
+    """
+    query = request.query
+    ids: list[str] | None = query.getall("request_id", None)
+    if query.get("summary") in ("1", "true"):
+        ids = []
+    return json_response(200, request.app[STATE].stats.to_json(ids))
 
 
 async def reset(request: web.Request) -> web.Response:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 
@@ -41,16 +42,17 @@ class LabControl:
         """Set the latency added to every supplier answer."""
         await self._call("PUT", "/latency", {"ms": ms})
 
-    async def stats(self) -> dict[str, Any]:
-        """``GET /stats``."""
-        result: dict[str, Any] = await self._call("GET", "/stats")
+    async def stats(self, request_id: str | None = None) -> dict[str, Any]:
+        """``GET /stats``, per-id maps limited to ``request_id`` if given."""
+        query = "" if request_id is None else f"?request_id={quote(request_id, safe='')}"
+        result: dict[str, Any] = await self._call("GET", f"/stats{query}")
         return result
 
     async def wait_idle(self, within_s: float = 5.0) -> None:
         """Wait until no supplier request is in flight (callers hang up after their deadline)."""
         loop = asyncio.get_running_loop()
         end = loop.time() + within_s
-        while (await self.stats())["active"]:
+        while (await self._call("GET", "/stats?summary=1"))["active"]:
             if loop.time() > end:
                 raise LabError(f"supplier requests still in flight after {within_s} s")
             await asyncio.sleep(0.02)
@@ -64,5 +66,5 @@ class LabControl:
 
     async def attempts(self, request_id: str) -> dict[str, int]:
         """Requests each supplier received carrying ``request_id`` (0 for none)."""
-        seen = (await self.stats())["attempts_per_supplier"].get(request_id, {})
+        seen = (await self.stats(request_id))["attempts_per_supplier"].get(request_id, {})
         return {supplier: int(seen.get(supplier, 0)) for supplier in SUPPLIERS}

@@ -7,6 +7,7 @@ so a long benchmark cannot grow the lab's memory without limit.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from collections.abc import Collection, Mapping
 from typing import Final
 
 import attrs
@@ -95,8 +96,13 @@ class Stats:
         """One supplier request is no longer in flight."""
         self.active -= 1
 
-    def to_json(self) -> dict[str, object]:
-        """The body of ``GET /stats``."""
+    def to_json(self, request_ids: Collection[str] | None = None) -> dict[str, object]:
+        """The body of ``GET /stats``; per-id maps limited to ``request_ids`` if given."""
+        requests: Mapping[str, _RequestRecord]
+        if request_ids is None:
+            requests = self._requests
+        else:
+            requests = {r: self._requests[r] for r in request_ids if r in self._requests}
         return {
             "active": self.active,
             "max_active": self.max_active,
@@ -104,9 +110,7 @@ class Stats:
             "per_supplier": dict(self.per_supplier),
             "answers": {s: dict(c) for s, c in self.answers.items()},
             "deadline_expired": self.deadline_expired,
-            "attempts": {rid: r.per_supplier.total() for rid, r in self._requests.items()},
-            "attempts_per_supplier": {
-                rid: dict(r.per_supplier) for rid, r in self._requests.items()
-            },
-            "headers": {rid: list(r.headers) for rid, r in self._requests.items()},
+            "attempts": {rid: r.per_supplier.total() for rid, r in requests.items()},
+            "attempts_per_supplier": {rid: dict(r.per_supplier) for rid, r in requests.items()},
+            "headers": {rid: list(r.headers) for rid, r in requests.items()},
         }

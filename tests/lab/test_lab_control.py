@@ -317,3 +317,22 @@ async def test_reset_zeroes_stats_and_flaky_memory(lab: LabClient) -> None:
     }
     assert (await ask(lab, "boreal", scenario="flaky", request_id="same"))[0] == 503
     assert (await ask(lab, "atlas"))[0] == 500
+
+
+async def test_stats_can_be_limited_to_request_ids(lab: LabClient) -> None:
+    """``?request_id=`` keeps only those ids in the per-id maps; ``?summary=1`` keeps none."""
+    for request_id in ("a", "b", "c"):
+        await ask(lab, "atlas", request_id=request_id)
+    async with lab.get("/stats", params=[("request_id", "a"), ("request_id", "c")]) as response:
+        chosen = await response.json()
+    assert chosen["attempts"] == {"a": 1, "c": 1}
+    assert set(chosen["headers"]) == {"a", "c"}
+    assert chosen["total"] == 3
+    async with lab.get("/stats", params={"summary": "1"}) as response:
+        summary = await response.json()
+    assert (summary["attempts"], summary["attempts_per_supplier"], summary["headers"]) == (
+        {},
+        {},
+        {},
+    )
+    assert summary["per_supplier"]["atlas"] == 3
