@@ -48,7 +48,7 @@ class Settings:
     """Least budget a second attempt must have left (after its backoff) to be started."""
     retry_after_cap: float = attrs.field(default=0.5, validator=v.ge(0))
     """Longest ``Retry-After`` a 503 may ask for and still be retried."""
-    retry_budget_capacity: float = attrs.field(default=10.0, validator=v.ge(1))
+    retry_budget_capacity: float = attrs.field(default=20.0, validator=v.ge(1))
     """Retries a supplier may spend in a burst before they must pay off."""
     retry_budget_earn: float = attrs.field(default=0.1, validator=[v.ge(0), v.le(1)])
     """Share of a retry every request earns: the retry rate of a supplier that is down."""

@@ -91,6 +91,21 @@ def gzipped(obj: Any) -> Responder:
     return raw(gzip.compress(json.dumps(obj).encode()), **{"Content-Encoding": "gzip"})
 
 
+def first_time_per_request_id(first: Responder, then: Responder | None = None) -> Responder:
+    """``first`` the first time a request id is seen, ``then`` after (the lab's flaky)."""
+    seen: set[str | None] = set()
+    after = then or quote()
+
+    async def respond(request: web.Request) -> web.StreamResponse:
+        request_id = request.headers.get("X-Request-ID")
+        if request_id in seen:
+            return await after(request)
+        seen.add(request_id)
+        return await first(request)
+
+    return respond
+
+
 def delay(seconds: float, then: Responder | None = None) -> Responder:
     """Wait ``seconds`` before answering (default: the catalogue quote)."""
     after = then or quote()
@@ -159,6 +174,8 @@ class FakeSuppliers:
         self.received: list[Received] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.in_flight_of: dict[str, int] = dict.fromkeys(CATALOGUE, 0)
+        self.max_in_flight_of: dict[str, int] = dict.fromkeys(CATALOGUE, 0)
         self.url = ""
         """Base URL, known once the server is listening."""
         self.app = web.Application()
@@ -196,8 +213,13 @@ class FakeSuppliers:
             return web.json_response({"error": "unknown supplier"}, status=404)
         responder = script.pop(0) if script else self.defaults[supplier]
         self.in_flight += 1
+        self.in_flight_of[supplier] += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        self.max_in_flight_of[supplier] = max(
+            self.max_in_flight_of[supplier], self.in_flight_of[supplier]
+        )
         try:
             return await responder(request)
         finally:
             self.in_flight -= 1
+            self.in_flight_of[supplier] -= 1
