@@ -197,7 +197,8 @@ class SupplierClient:
             "X-Attempt": str(attempt),
             "X-Deadline-Remaining-Ms": str(max(0, int((call.deadline - loop.time()) * 1000))),
         }
-        waiting_since = started = loop.time()
+        waiting_since = loop.time()
+        started: float | None = None
         state = self._suppliers[trace.supplier]
         try:
             # The supplier's share first: waiting for it holds no shared slot.
@@ -211,8 +212,10 @@ class SupplierClient:
         except asyncio.CancelledError:
             # The deadline (or the caller leaving) cut this attempt short: keep
             # it on the bill, then let the cancellation go on.
-            trace.attempts.append(_record(attempt, waiting_since, started, loop.time(), TIMEOUT))
+            now = loop.time()
+            trace.attempts.append(_record(attempt, waiting_since, started or now, now, TIMEOUT))
             raise
+        assert started is not None
         ended = loop.time()
         if isinstance(fetched, bytes) or fetched.status is not None:
             state.attempt_time.observe(ended - started)  # it answered: a useful attempt's length
