@@ -104,6 +104,12 @@ def _sku(value: Any, _: type) -> str:
     _check_str(value)
     if not 1 <= len(value) <= 64:
         raise ValueError(f"must be 1 to 64 characters, got {len(value)}")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            # JSON lets "\ud800" through; no URL can carry it to a supplier unchanged.
+            raise ValueError("must be valid Unicode text (no lone surrogates)") from None
     return value  # type: ignore[no-any-return]
 
 
