@@ -11,6 +11,7 @@ import asyncio
 import logging
 import math
 
+import attrs
 from aiohttp import web
 
 from provider_lab import answers
@@ -79,23 +80,37 @@ async def quote(request: web.Request) -> web.StreamResponse:
     state.stats.started(
         supplier, call.request_id, headers.get("X-Attempt"), headers.get("X-Deadline-Remaining-Ms")
     )
+    label = _Label()
     try:
-        what, response = await _answer(call)
-        state.stats.answered(supplier, what)
+        return await _answer(call, label)
+    finally:
+        # Recorded even when aiohttp cancels the handler because the client left.
+        state.stats.answered(supplier, label.what)
+        state.stats.finished()
         logger.debug(
             "answered supplier=%s sku=%r scenario=%s request_id=%s what=%s",
             supplier,
             sku,
             scenario,
             call.request_id,
-            what,
+            label.what,
         )
-        return response
-    finally:
-        state.stats.finished()
 
 
-async def _answer(call: Call) -> tuple[str, web.StreamResponse]:
+@attrs.define
+class _Label:
+    """How the current request is being answered, for ``/stats``'s ``answers``."""
+
+    what: str = "client_gone"  # until something else is decided
+
+
+async def _answer(call: Call, label: _Label) -> web.StreamResponse:
+    what, response = await _decide(call, label)
+    label.what = what
+    return response
+
+
+async def _decide(call: Call, label: _Label) -> tuple[str, web.StreamResponse]:
     state = call.state
     fault = state.faults.take(call.supplier)
     if state.latency_ms:
@@ -103,7 +118,8 @@ async def _answer(call: Call) -> tuple[str, web.StreamResponse]:
         if waited != "done":
             return _stopped(call, waited)
     if fault is not None:
-        return str(fault.kind), await _faulty(call, fault)
+        label.what = str(fault.kind)  # kept if the client leaves while it is served
+        return label.what, await _faulty(call, fault)
     if call.supplier == "boreal" and call.scenario != "normal":
         scenario = await _scenario(call)
         if scenario is not None:

@@ -181,7 +181,7 @@ async def test_not_http_is_a_response_error_not_a_status(lab: LabClient) -> None
 
 
 async def test_hang_holds_until_the_client_leaves(lab: LabClient) -> None:
-    """``hang``: no answer at all; ``active`` counts it and drops to 0 once the client leaves."""
+    """``hang``: no answer; ``active`` counts it until the client leaves, ``answers`` after."""
     await set_fault(lab, "boreal", kind="hang")
     task = asyncio.create_task(ask(lab))
     await asyncio.sleep(0.1)
@@ -190,7 +190,9 @@ async def test_hang_holds_until_the_client_leaves(lab: LabClient) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert (await wait_idle(lab))["active"] == 0
+    current = await wait_idle(lab)
+    assert current["active"] == 0
+    assert current["answers"]["boreal"] == {"hang": 1}
 
 
 async def test_hang_with_a_client_timeout(lab: LabClient) -> None:
