@@ -23,7 +23,7 @@ import attrs
 from aiohttp import web
 
 from provider_lab.catalogue import SUPPLIERS, Offer
-from provider_lab.faults import Fault, Kind
+from provider_lab.faults import SPECS, Fault, Kind
 from provider_lab.state import LabState
 
 logger = logging.getLogger(__name__)
@@ -207,26 +207,49 @@ def bad_gzip(call: Call, offer: Offer) -> web.Response:
     return web.Response(body=body, content_type=JSON, headers={"Content-Encoding": "gzip"})
 
 
-@functools.lru_cache(maxsize=8)
-def _gzip_bomb(quote: bytes, size: int) -> bytes:
-    """``quote`` padded with JSON whitespace to ``size`` bytes, gzipped (about 1000:1)."""
-    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
-    parts = [packer.compress(quote[:-1])]
-    padding = max(size - len(quote), 0)
-    block = b" " * min(CHUNK * 16, max(padding, 1))
-    while padding > 0:
-        step = min(padding, len(block))
-        parts.append(packer.compress(block[:step]))
-        padding -= step
-    parts.append(packer.compress(quote[-1:]))
-    parts.append(packer.flush())
-    return b"".join(parts)
+GZIP_HEADER: Final = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"  # deflate, no name, mtime 0
+
+
+@functools.lru_cache(maxsize=4)
+def _deflated_padding(size: int) -> tuple[bytes, int]:
+    """``size`` spaces as raw deflate ending in a full flush, and their CRC-32.
+
+    Independent of what follows, so it is computed once per size: the quote is
+    deflated separately after it and the two streams concatenate (a full flush
+    ends byte-aligned with no back-references across it, as pigz relies on).
+    """
+    packer = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    block = b" " * (CHUNK * 16)
+    parts, crc, left = [], 0, size
+    while left > 0:
+        piece = block[: min(left, len(block))]
+        parts.append(packer.compress(piece))
+        crc = zlib.crc32(piece, crc)
+        left -= len(piece)
+    parts.append(packer.flush(zlib.Z_FULL_FLUSH))
+    return b"".join(parts), crc
+
+
+def gzip_bomb_body(quote: bytes, size: int) -> bytes:
+    """Valid gzip of ``size`` spaces then ``quote``: JSON whitespace, then the real object."""
+    padding, crc = _deflated_padding(size)
+    packer = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    tail = packer.compress(quote) + packer.flush()
+    trailer = struct.pack("<II", zlib.crc32(quote, crc), (size + len(quote)) & 0xFFFFFFFF)
+    return GZIP_HEADER + padding + tail + trailer
+
+
+def warm_up() -> None:
+    """Deflate the default gzip bomb's padding now, so its first use is not slower."""
+    default = SPECS[Kind.GZIP_BOMB].params["size"].default
+    assert isinstance(default, int)
+    _deflated_padding(default)
 
 
 async def gzip_bomb(call: Call, fault: Fault, offer: Offer) -> web.Response:
-    """A small, valid gzip body that inflates to ``size`` bytes of valid JSON."""
+    """A small, valid gzip body that inflates to ``size`` bytes of whitespace and a quote."""
     quote = render(quote_pairs(call.supplier, call.sku, offer))
-    body = await asyncio.to_thread(_gzip_bomb, quote, fault.int_param("size"))
+    body = await asyncio.to_thread(gzip_bomb_body, quote, fault.int_param("size"))
     return web.Response(body=body, content_type=JSON, headers={"Content-Encoding": "gzip"})
 
 

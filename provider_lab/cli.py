@@ -12,6 +12,7 @@ from typing import NoReturn
 
 from aiohttp import web
 
+from provider_lab import answers
 from provider_lab.app import create_app
 from provider_lab.faults import Fault, FaultError, parse_fault_spec
 from provider_lab.state import LabConfig
@@ -98,6 +99,7 @@ async def serve(config: LabConfig, host: str, port: int, *, access_log: bool) ->
     try:
         site = web.TCPSite(runner, host, port)
         await site.start()
+        warming = asyncio.create_task(asyncio.to_thread(answers.warm_up))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -108,6 +110,7 @@ async def serve(config: LabConfig, host: str, port: int, *, access_log: bool) ->
         print(f"provider lab listening on {url}", flush=True)
         await stop.wait()
         logger.info("lab_stopping")
+        await warming
     finally:
         await runner.cleanup()
 

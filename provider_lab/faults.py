@@ -121,8 +121,8 @@ SPECS: Final[Mapping[Kind, KindSpec]] = {
         {"size": _size(10 * MIB, "body size in bytes")},
     ),
     Kind.GZIP_BOMB: KindSpec(
-        "200, valid gzip (about 1000:1) inflating to a `size`-byte valid quote",
-        {"size": _size(50 * MIB, "inflated size in bytes")},
+        "200, valid gzip (about 1000:1) of `size` bytes of whitespace, then the quote",
+        {"size": _size(50 * MIB, "whitespace before the quote, in bytes")},
     ),
     Kind.TRUNCATED: KindSpec(
         "200 whose Content-Length promises the whole quote; half is sent, then a close"

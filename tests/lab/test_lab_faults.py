@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gzip
 import json
+import struct
+import zlib
 from typing import Any
 
 import aiohttp
@@ -12,6 +15,7 @@ import pytest
 from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError, ContentLengthError
 
+from provider_lab.answers import gzip_bomb_body
 from provider_lab.app import create_app
 from provider_lab.faults import Kind
 from provider_lab.state import LabConfig
@@ -103,7 +107,7 @@ async def test_bad_gzip_is_a_content_encoding_error(lab: LabClient) -> None:
 
 
 async def test_gzip_bomb_is_small_on_the_wire_and_huge_inflated(lab: LabClient) -> None:
-    """``gzip_bomb``: valid gzip whose few KB inflate to ``size`` bytes of a valid quote."""
+    """``gzip_bomb``: valid gzip whose few KB inflate to ``size`` spaces and a valid quote."""
     size = 4 * 1024 * 1024
     await set_fault(lab, "boreal", kind="gzip_bomb", size=size)
     async with lab.get("/quotes/boreal", params={"sku": "KB-001"}) as response:
@@ -111,8 +115,17 @@ async def test_gzip_bomb_is_small_on_the_wire_and_huge_inflated(lab: LabClient) 
         assert response.headers["Content-Encoding"] == "gzip"
         assert int(response.headers["Content-Length"]) < size // 500
         body = await response.read()
-    assert len(body) == size
+    assert body[:size] == b" " * size
     assert json.loads(body) == BOREAL
+
+
+def test_gzip_bomb_body_is_standard_gzip() -> None:
+    """The bomb's concatenated deflate streams decode with the standard library too."""
+    body = gzip_bomb_body(b'{"a": 1}', 1000)
+    assert gzip.decompress(body) == b" " * 1000 + b'{"a": 1}'
+    assert gzip_bomb_body(b"[]", 1000).endswith(
+        struct.pack("<II", zlib.crc32(b" " * 1000 + b"[]"), 1002)
+    )
 
 
 async def test_oversized_body_is_a_valid_quote_padded_to_size(lab: LabClient) -> None:
