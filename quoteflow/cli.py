@@ -14,12 +14,24 @@ from aiohttp import web
 
 from quoteflow import logs
 from quoteflow.app import create_app
+from quoteflow.auth import ApiKeys, ApiKeysError
 from quoteflow.config import Settings
 from quoteflow.logs import log_event
 
 log = logging.getLogger("quoteflow")
 
-# flag name → (environment variable or None, parser, help)
+
+def _boolean(raw: str) -> bool:
+    """An on/off value: the bare flag, or 1/true/yes/on and 0/false/no/off in the environment."""
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(raw)
+
+
+# setting name → (environment variable or None, parser, help)
 _OPTIONS: dict[str, tuple[str | None, Callable[[str], Any], str]] = {
     "host": (None, str, "address to listen on (default 127.0.0.1)"),
     "port": (None, int, "port to listen on (default 9100)"),
@@ -35,9 +47,29 @@ _OPTIONS: dict[str, tuple[str | None, Callable[[str], Any], str]] = {
     "log_format": ("QUOTEFLOW_LOG_FORMAT", str, "json (default) or text, on stderr"),
     "supplier_share": (None, int, "outbound slots one supplier may hold (default: limit / 3)"),
     "min_attempt_time": (None, float, "least budget a second attempt needs, seconds"),
+    "retry_budget_capacity": (None, float, "retries a supplier may spend in a burst (20)"),
+    "retry_budget_earn": (None, float, "share of a retry each request earns (0.1)"),
     "connect_timeout": (None, float, "socket connect timeout of one attempt, seconds"),
     "read_timeout": (None, float, "longest silence while reading an answer, seconds"),
+    "max_supplier_body_bytes": (
+        "QUOTEFLOW_MAX_SUPPLIER_BODY",
+        int,
+        "cap on a supplier's decoded body, bytes; past it: invalid_data (default 65536)",
+    ),
+    "api_keys": (
+        "QUOTEFLOW_API_KEYS_FILE",
+        ApiKeys.from_file,
+        "file of bearer keys for /api/quotes, one per line (default: no key needed)",
+    ),
+    "metrics_require_key": (
+        "QUOTEFLOW_METRICS_REQUIRE_KEY",
+        _boolean,
+        "/metrics needs a key too (with --api-keys-file)",
+    ),
 }
+
+_FLAGS = {"max_supplier_body_bytes": "--max-supplier-body", "api_keys": "--api-keys-file"}
+"""Flags whose name is not the setting's own."""
 
 
 class ConfigError(Exception):
@@ -47,26 +79,38 @@ class ConfigError(Exception):
 def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
     """Build ``Settings`` from flags, then environment variables, then defaults."""
     parser = argparse.ArgumentParser(prog="quoteflow", description=__doc__)
-    for name, (env, _, help_text) in _OPTIONS.items():
+    for name, (env, convert, help_text) in _OPTIONS.items():
         suffix = f" [env {env}]" if env else ""
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, help=help_text + suffix)
+        # A switch is a bare flag; every other option takes a value.
+        extra: dict[str, Any] = (
+            {"action": "store_const", "const": "1"} if convert is _boolean else {}
+        )
+        parser.add_argument(_flag(name), dest=name, help=help_text + suffix, **extra)
     args = parser.parse_args(argv)
     values: dict[str, Any] = {}
     for name, (env, convert, _) in _OPTIONS.items():
         raw = getattr(args, name)
-        source = "--" + name.replace("_", "-")
+        source = _flag(name)
         if raw is None and env is not None and env in environ:
             raw, source = environ[env], env
         if raw is None:
             continue
         try:
             values[name] = convert(raw)
+        except ApiKeysError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
         except ValueError:
-            raise ConfigError(f"{source}: {raw!r} is not a valid {convert.__name__}") from None
+            raise ConfigError(
+                f"{source}: {raw!r} is not a valid {convert.__name__.strip('_')}"
+            ) from None
     try:
         return Settings(**values)
     except (ValueError, TypeError) as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _flag(name: str) -> str:
+    return _FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import attrs
 from attrs import validators as v
 
+from quoteflow.auth import ApiKeys
+
 SUPPLIERS: tuple[str, ...] = ("atlas", "boreal", "cedar")
 """Every supplier QuoteFlow asks, in the order failures are listed."""
 
@@ -54,8 +56,14 @@ class Settings:
     """Share of a retry every request earns: the retry rate of a supplier that is down."""
     connect_timeout: float = attrs.field(default=0.25, validator=_positive)
     """Socket connect timeout of one attempt; firing is a transient transport error."""
-    read_timeout: float = attrs.field(default=0.5, validator=_positive)
-    """Longest silence while reading one answer; firing is a transient transport error."""
+    read_timeout: float = attrs.field(default=1.0, validator=_positive)
+    """Longest silence while reading one answer; firing is a transient transport error.
+
+    Longer than the default budget on purpose: with the defaults a hanging
+    supplier is the request deadline's business (``timeout``, one request),
+    and a second attempt at a supplier that just stalled for most of the
+    budget would only add load. With a longer ``budget`` it catches stalls.
+    """
     log_level: str = attrs.field(
         default="info",
         converter=_lower,
@@ -65,11 +73,22 @@ class Settings:
     max_request_bytes: int = attrs.field(default=16 * 1024, validator=v.ge(1))
     max_supplier_body_bytes: int = attrs.field(default=64 * 1024, validator=v.ge(1))
     """Cap on a supplier's decoded body; anything longer is ``invalid_data``."""
+    api_keys: ApiKeys | None = attrs.field(
+        default=None, validator=v.optional(v.instance_of(ApiKeys))
+    )
+    """Bearer keys that open ``/api/`` routes; ``None`` (the default): no key needed."""
+    metrics_require_key: bool = attrs.field(default=False, validator=v.instance_of(bool))
+    """Ask ``/metrics`` callers for one of ``api_keys`` too."""
 
     @provider_url.validator
     def _check_provider_url(self, attribute: attrs.Attribute[str], value: str) -> None:
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"provider_url must be an http(s) URL, got {value!r}")
+
+    @metrics_require_key.validator
+    def _check_metrics_key(self, attribute: attrs.Attribute[bool], value: bool) -> None:
+        if value and self.api_keys is None:
+            raise ValueError("metrics_require_key needs API keys (--api-keys-file)")
 
     @backoff_max.validator
     def _check_backoff(self, attribute: attrs.Attribute[float], value: float) -> None:

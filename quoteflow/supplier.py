@@ -192,11 +192,6 @@ class SupplierClient:
     async def _attempt(self, call: _Call, trace: SupplierTrace, attempt: int) -> _AttemptResult:
         """One attempt: wait for a slot, fetch, give the slot back, then decode."""
         loop = asyncio.get_running_loop()
-        headers = {
-            "X-Request-ID": call.request_id,
-            "X-Attempt": str(attempt),
-            "X-Deadline-Remaining-Ms": str(max(0, int((call.deadline - loop.time()) * 1000))),
-        }
         waiting_since = loop.time()
         started: float | None = None
         state = self._suppliers[trace.supplier]
@@ -205,6 +200,12 @@ class SupplierClient:
             async with state.share, self._slots:
                 started = loop.time()
                 self.in_flight += 1
+                headers = {
+                    "X-Request-ID": call.request_id,
+                    "X-Attempt": str(attempt),
+                    # Measured once the slot is ours: the wait is not the supplier's time.
+                    "X-Deadline-Remaining-Ms": str(max(0, int((call.deadline - started) * 1000))),
+                }
                 try:
                     fetched = await self._fetch(call, headers)
                 finally:
