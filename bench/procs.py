@@ -117,7 +117,12 @@ def start(
     cwd: Path | None = None,
     ready_timeout: float = 15.0,
 ) -> Service:
-    """Start ``argv`` and wait until ``GET ready_path`` answers 200."""
+    """Start ``argv`` and wait until ``GET ready_path`` answers 200.
+
+    ``QUOTEFLOW_*`` variables of the caller's environment are left out: the
+    benchmark sets QuoteFlow's configuration with flags, and only with flags.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUOTEFLOW_")}
     log_path = log_dir / f"{name}.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
@@ -126,6 +131,7 @@ def start(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=cwd,
+            env=env,
             start_new_session=True,  # Ctrl-C reaches the runner, which stops us in order
         )
     service = Service(name, port, process, log_path)

@@ -171,7 +171,9 @@ def targets(results: dict[str, Any], summary: dict[str, Any], limits: Limits) ->
                 _median(summary, workload, "quoteflow", key),
                 _median(summary, workload, "bare", key),
             )
-            rat = _num(med, 2) + (f" [{_fmt(block, 2)}]" if block and block["n"] > 1 else "")
+            rat = _num(med, 2)
+            if block and block["n"] > 1:
+                rat += f" [{block['min']:.2f}–{block['max']:.2f}]"
         found.append(
             Target(
                 workload,

@@ -329,7 +329,11 @@ class Bench:
         return bills
 
     def profile(self) -> dict[str, Any]:
-        """Profile QuoteFlow with py-spy under saturate and overload (extra, unrecorded runs)."""
+        """Profile both contenders with py-spy under saturate and overload (extra runs).
+
+        The bare fan-out's profile is the reference: what QuoteFlow spends
+        beyond it, function by function, is QuoteFlow's own cost.
+        """
         from bench import profile
 
         found: dict[str, Any] = {}
@@ -337,21 +341,26 @@ class Bench:
             if workload.name not in ("saturate", "overload"):
                 continue
             self.set_latency(workload.latency_ms)
-            self.settle()
-            found[workload.name] = profile.record(
-                self.services["quoteflow"].pid,
-                functools.partial(
-                    run_wrk,
-                    self.wrk,
-                    self.services["quoteflow"].url,
-                    connections=workload.connections,
-                    duration_s=max(self.options.duration_s, 8),
-                    scenario=workload.scenario,
-                    out_dir=self.raw_dir,
-                    tag=f"profile-{workload.name}",
-                ),
-                self.options.out_dir / f"profile-{workload.name}",
-            )
+            for contender in CONTENDERS:
+                self.settle()
+                service = self.services[contender]
+                found[f"{workload.name}-{contender}"] = profile.record(
+                    service.pid,
+                    functools.partial(
+                        run_wrk,
+                        self.wrk,
+                        service.url,
+                        connections=workload.connections,
+                        duration_s=max(self.options.duration_s, 8),
+                        scenario=workload.scenario,
+                        out_dir=self.raw_dir,
+                        tag=f"profile-{workload.name}-{contender}",
+                    ),
+                    self.options.out_dir / f"profile-{workload.name}-{contender}",
+                )
+            gap = profile.diff(found[f"{workload.name}-quoteflow"], found[f"{workload.name}-bare"])
+            (self.options.out_dir / f"profile-{workload.name}-diff.txt").write_text(gap)
+            print(f"\nprofile {workload.name}, QuoteFlow vs bare:\n{gap}", flush=True)
         return found
 
 
