@@ -154,6 +154,8 @@ class Telemetry:
                     "duration_ms": round(record.duration * 1000, 3),
                     "remaining_ms": round((deadline - record.ended) * 1000, 3),
                 }
+                if record.backoff is not None:
+                    fields["backoff_ms"] = round(record.backoff * 1000, 3)
                 if record.attempt == last:
                     fields["stopped"] = trace.stopped
                 log_event(log, logging.INFO, "supplier_attempt", fields)
