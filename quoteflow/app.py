@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
@@ -10,9 +11,12 @@ from prometheus_client import CollectorRegistry
 
 from quoteflow import handlers
 from quoteflow.config import Settings
+from quoteflow.logs import log_event
 from quoteflow.observe import Telemetry
 from quoteflow.service import QuoteService, SupplierGateway
 from quoteflow.supplier import SupplierClient
+
+log = logging.getLogger("quoteflow")
 
 SETTINGS = web.AppKey("settings", Settings)
 SUPPLIER_CLIENT = web.AppKey("supplier_client", SupplierClient)
@@ -28,15 +32,39 @@ def create_app(settings: Settings, *, gateway: GatewayFactory | None = None) -> 
     """
     app = web.Application(
         client_max_size=settings.max_request_bytes,
-        middlewares=[handlers.error_middleware],
+        middlewares=[handlers.error_middleware, handlers.auth_middleware],
     )
     app[SETTINGS] = settings
+    if settings.api_keys is not None:
+        app[handlers.API_KEYS] = settings.api_keys
+    app[handlers.METRICS_NEED_KEY] = settings.metrics_require_key
+    app.on_startup.append(_log_api_keys)
     app[handlers.TELEMETRY] = Telemetry(CollectorRegistry(auto_describe=True))
     app[handlers.READY] = [True]
     app.on_shutdown.append(_stop_being_ready)
     app.cleanup_ctx.append(_supplier_session(gateway))
     handlers.add_routes(app)
     return app
+
+
+async def _log_api_keys(app: web.Application) -> None:
+    """One line at start-up saying whether callers need a key; never a key itself."""
+    settings = app[SETTINGS]
+    if settings.api_keys is None:
+        log_event(
+            log,
+            logging.WARNING,
+            "api_keys_off",
+            {"open": ["/api/quotes", "/metrics"], "enable": "--api-keys-file FILE"},
+        )
+    else:
+        protected = ["/api/quotes", "/metrics"] if settings.metrics_require_key else ["/api/quotes"]
+        log_event(
+            log,
+            logging.INFO,
+            "api_keys_on",
+            {"keys": len(settings.api_keys), "protected": protected},
+        )
 
 
 async def _stop_being_ready(app: web.Application) -> None:

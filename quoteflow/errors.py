@@ -1,6 +1,8 @@
 """QuoteFlow's exceptions, branched by what the caller does next.
 
     QuoteFlowError
+    ├── Unauthenticated        API keys are on and the caller gave none, or a wrong
+    │                          one: send a valid key (401)
     ├── CapacityExhausted      not admitted: the caller may try again later (503)
     ├── BadRequestBody         the caller's body is not JSON: fix it (400)
     ├── InvalidRequest         JSON, but not a valid quote request: fix it (422)
@@ -23,6 +25,14 @@ import attrs
 
 class QuoteFlowError(Exception):
     """Base of every error QuoteFlow raises on purpose."""
+
+
+class Unauthenticated(QuoteFlowError):
+    """The route needs a bearer API key and the request carried none that is valid."""
+
+    def __init__(self, *, missing: bool) -> None:
+        super().__init__("no bearer key" if missing else "the bearer key is not valid")
+        self.missing = missing
 
 
 class CapacityExhausted(QuoteFlowError):

@@ -15,12 +15,13 @@ import uuid
 from importlib import resources
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from quoteflow.auth import ApiKeys
 from quoteflow.codec import decode_request, encode_errors, encode_explain, encode_result
-from quoteflow.errors import BadRequestBody, CapacityExhausted, InvalidRequest
+from quoteflow.errors import BadRequestBody, CapacityExhausted, InvalidRequest, Unauthenticated
 from quoteflow.observe import BUSY, ERROR, INVALID, Telemetry
 from quoteflow.service import QuoteService
 
@@ -30,6 +31,9 @@ TELEMETRY = web.AppKey("telemetry", Telemetry)
 READY = web.AppKey("ready", list[bool])
 """``[True]`` while serving; flipped when shutdown begins."""
 REQUEST_ID = web.RequestKey("request_id", str)
+API_KEYS = web.AppKey("api_keys", ApiKeys)
+"""Set only when keys are configured: then every ``/api/`` route needs one."""
+METRICS_NEED_KEY = web.AppKey("metrics_need_key", bool)
 
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
@@ -117,6 +121,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         # been cancelled with it and every slot given back. Count it, go on.
         telemetry.caller_left(request_id)
         raise
+    except Unauthenticated as exc:
+        telemetry.refused(INVALID, request_id, 401, error="unauthorized", path=request.path)
+        response = _error(401, "unauthorized", detail=str(exc))
+        challenge = 'Bearer realm="quoteflow"'
+        response.headers["WWW-Authenticate"] = (
+            challenge if exc.missing else challenge + ', error="invalid_token"'
+        )
     except CapacityExhausted:
         # The cheapest answer we give: under overload most requests end here.
         telemetry.refused(BUSY, request_id, 503)
@@ -150,6 +161,30 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         response = _error(500, "internal_error")
     response.headers["X-Request-ID"] = request_id
     return response
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """When keys are configured, ``/api/`` (and ``/metrics`` if asked) need a bearer key.
+
+    ``/health``, ``/ready`` and ``/openapi.json`` stay open: probes carry no keys.
+    """
+    keys = request.app.get(API_KEYS)
+    if keys is not None and _needs_key(request):
+        authorization = request.headers.get(hdrs.AUTHORIZATION)
+        if not keys.accepts(authorization):
+            raise Unauthenticated(missing=authorization is None)
+    return await handler(request)
+
+
+def _needs_key(request: web.Request) -> bool:
+    resource = request.match_info.route.resource
+    # The route that would answer decides, and any path under /api/ too (even
+    # an unknown one: a caller without a key learns nothing of what exists).
+    paths = (request.path, resource.canonical if resource else "")
+    if any(path.startswith("/api/") for path in paths):
+        return True
+    return request.app[METRICS_NEED_KEY] and "/metrics" in paths
 
 
 def _error(status: int, error: str, **fields: Any) -> web.Response:

@@ -24,6 +24,7 @@ LAYERS = [
     "codec",
     "models",
     "config",
+    "auth",
     "errors",
     "logs",
 ]

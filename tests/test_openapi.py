@@ -15,6 +15,7 @@ from openapi_spec_validator import validate
 from schemathesis.checks import positive_data_acceptance
 
 from quoteflow.app import create_app
+from quoteflow.auth import ApiKeys
 from quoteflow.config import Settings
 from tests.conftest import StartQuoteFlow
 from tests.live import live_quoteflow
@@ -64,25 +65,34 @@ schema = schemathesis.openapi.from_dict(_document())
 schema.config.generation.update(max_examples=100, database="none")
 
 
-@pytest.fixture(scope="module")
-def live_url() -> Iterator[str]:
-    """A live QuoteFlow in front of healthy fake suppliers, on a thread of its own."""
-    with live_quoteflow(budget=0.3) as live:
-        yield live.url
+KEY = "schemathesis-key"
+
+
+@pytest.fixture(scope="module", params=["open", "keyed"])
+def live(request: pytest.FixtureRequest) -> Iterator[tuple[str, dict[str, str]]]:
+    """A live QuoteFlow in front of healthy fake suppliers, without and with API keys."""
+    overrides: dict[str, Any] = {"budget": 0.3}
+    headers: dict[str, str] = {}
+    if request.param == "keyed":
+        overrides.update(api_keys=ApiKeys([KEY]), metrics_require_key=True)
+        headers["Authorization"] = f"Bearer {KEY}"
+    with live_quoteflow(**overrides) as app:
+        yield app.url, headers
 
 
 @schema.parametrize()
 @settings(deadline=None, suppress_health_check=list(HealthCheck))
-def test_live_app_conforms(case: schemathesis.Case[Any], live_url: str) -> None:
+def test_live_app_conforms(case: schemathesis.Case[Any], live: tuple[str, dict[str, str]]) -> None:
     """Generated valid and invalid requests: never a 5xx, every answer as documented."""
+    url, headers = live
     if _float_quantity(case.body):
         # JSON Schema counts 64.0 as an integer; the contract wants the integer
         # literal and refuses 64.0. No schema keyword can say so: check it here.
-        response = case.call(base_url=live_url, timeout=5)
+        response = case.call(base_url=url, headers=headers, timeout=5)
         assert response.status_code == 422
         case.validate_response(response, excluded_checks=[positive_data_acceptance])
     else:
-        case.call_and_validate(base_url=live_url, timeout=5)
+        case.call_and_validate(base_url=url, headers=headers, timeout=5)
 
 
 def _float_quantity(body: object) -> bool:
