@@ -58,7 +58,7 @@ async def _log_api_keys(app: web.Application) -> None:
             {"open": ["/api/quotes", "/metrics"], "enable": "--api-keys-file FILE"},
         )
     else:
-        protected = ["/api/quotes", "/metrics"] if settings.metrics_require_key else ["/api/quotes"]
+        protected = ["/api/", "/metrics"] if settings.metrics_require_key else ["/api/"]
         log_event(
             log,
             logging.INFO,

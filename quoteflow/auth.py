@@ -65,7 +65,8 @@ class ApiKeys:
         return len(self._digests)
 
     def __repr__(self) -> str:
-        return f"ApiKeys({len(self)} keys)"
+        count = len(self)
+        return f"ApiKeys({count} key{'' if count == 1 else 's'})"
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ApiKeys) and self._digests == other._digests
