@@ -33,7 +33,28 @@ def draw(results: dict[str, Any], out_dir: Path) -> list[Path]:
     written.append(_throughput(results, out_dir / "throughput.png"))
     if results.get("explain"):
         written.append(_timeline(results, out_dir / "timeline.png"))
+    if "comeback" in results["workloads"]:
+        written.append(_comeback(results, out_dir / "comeback.png"))
     return written
+
+
+def _comeback(results: dict[str, Any], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    runs = results["workloads"]["comeback"]["runs"]
+    for i, run in enumerate(runs):
+        slots = run["timeline"]
+        xs = [slot["t_s"] for slot in slots]
+        ys = [100 * slot["quoted"] / slot["n"] if slot["n"] else 0 for slot in slots]
+        ax.step(xs, ys, where="post", color=COLORS["quoteflow"], alpha=1 - 0.3 * i)
+    ax.set_ylim(0, 105)
+    ax.set_xlabel("seconds since the first answer (100 ms slots)")
+    ax.set_ylabel("% of answers with boreal")
+    ax.set_title("flaky right after the outage: QuoteFlow's retries resume as they pay again")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _hist(runs: list[dict[str, Any]], status: str | None) -> dict[int, int]:

@@ -6,7 +6,9 @@
 -- Parameters come from the environment (wrk passes no arguments to done()):
 --   BENCH_SCENARIO  normal|slow|broken|malformed|flaky   (default normal)
 --   BENCH_QUANTITY  integer                              (default 2)
---   BENCH_INSPECT   1: also read 200 bodies (boreal quoted or failed, elapsed_ms)
+--   BENCH_INSPECT   1: also read 200 bodies (boreal quoted or failed, atlas or
+--                   cedar failed, elapsed_ms)
+--   BENCH_TIMELINE  1: also count 200s and boreal's quotes per 100 ms slot
 --   BENCH_WRK_OUT   file done() writes its tab-separated results to
 --
 -- wrk copies only flat tables between its Lua states (a nested table
@@ -36,6 +38,7 @@ end
 local scenario = os.getenv("BENCH_SCENARIO") or "normal"
 local quantity = os.getenv("BENCH_QUANTITY") or "2"
 local inspect = os.getenv("BENCH_INSPECT") == "1"
+local timeline = os.getenv("BENCH_TIMELINE") == "1"
 local body = '{"sku": "KB-001", "quantity": ' .. quantity .. ', "scenario": "' .. scenario .. '"}'
 
 local threads = {}
@@ -64,16 +67,28 @@ function response(status, headers, resp_body)
   if started == nil then
     return
   end
-  local us = now_us() - started
+  local now = now_us()
+  local us = now - started
   started = nil
   add("n " .. status, 1)
   add("h " .. status .. " " .. string.format("%d", bucket(us)), 1)
   if inspect and status == 200 then
+    local slot = nil
+    if timeline then
+      slot = string.format("t %d ", math.floor(now / 100000))
+      add(slot .. "n", 1)
+    end
     if resp_body:find('"supplier":%s*"boreal",%s*"sku"') then
       add("x boreal_quoted", 1)
+      if slot then
+        add(slot .. "q", 1)
+      end
     end
     if resp_body:find('"supplier":%s*"boreal",%s*"code"') then
       add("x boreal_failed", 1)
+    end
+    if resp_body:find('"supplier":%s*"atlas",%s*"code"') or resp_body:find('"supplier":%s*"cedar",%s*"code"') then
+      add("x healthy_failed", 1)
     end
     local elapsed = tonumber(resp_body:match('"elapsed_ms":%s*([-%d%.eE+]+)'))
     if elapsed ~= nil and elapsed > (bench["x elapsed_ms_max"] or -1) then

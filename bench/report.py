@@ -54,7 +54,7 @@ class Target:
 def banner(results: dict[str, Any], workloads: Sequence[Workload]) -> str:
     """What is about to run, on which machine."""
     m, o = results["machine"], results["options"]
-    runs = sum(4 * w.rounds for w in workloads)
+    runs = sum(len(w.order()) for w in workloads)
     return (
         f"QuoteFlow benchmark: {m['nproc']} × {m['cpu_model']}, Python {m['python']}, {m['wrk']}\n"
         f"{len(workloads)} workloads, {runs} wrk runs of {o['duration_s']:g} s, "
@@ -242,10 +242,14 @@ def targets(results: dict[str, Any], summary: dict[str, Any], limits: Limits) ->
             )
         )
         row("overload", "CPU per response (ms)", "cpu_ms_per_response", digits=2)
-    if "outage" in work:
-        found.append(_per_request("outage", work["outage"], exact=2))
     if "flaky" in work:
-        found.append(_recovered(work["flaky"]))
+        found.append(_recovered("flaky", work["flaky"], at_least=0.99))
+    if "blips" in work:
+        found.append(_recovered("blips", work["blips"], at_least=1.0))
+    if "outage" in work:
+        found += _per_request("outage", work["outage"], at_most=1.2, hard_cap=2)
+    if "comeback" in work:
+        found.append(_comeback(work["comeback"], within_s=3.0))
     if "slow" in work:
         latest = max(
             (r["latency_ms"]["all_max"] for r in _runs(work["slow"], "quoteflow")), default=None
@@ -270,6 +274,22 @@ def targets(results: dict[str, Any], summary: dict[str, Any], limits: Limits) ->
             default=None,
         )
         found.append(Target("slow", "latest elapsed_ms, server", _num(elapsed), "", "", "", None))
+        lost = {
+            c: sum(r["inspected"].get("healthy_failed", 0) for r in _runs(work["slow"], c))
+            for c in ("quoteflow", "bare")
+        }
+        answers = sum(int(r["statuses"].get("200", 0)) for r in _runs(work["slow"], "quoteflow"))
+        found.append(
+            Target(
+                "slow",
+                "answers missing atlas or cedar",
+                f"{lost['quoteflow']:.0f} of {answers}",
+                f"{lost['bare']:.0f}",
+                "",
+                "0 (issue 7)",
+                lost["quoteflow"] == 0 and answers > 0,
+            )
+        )
     ok = {c: [w["still_answers"][c]["ok"] for w in work.values()] for c in ("quoteflow", "bare")}
     found.append(
         Target(
@@ -305,39 +325,54 @@ def targets(results: dict[str, Any], summary: dict[str, Any], limits: Limits) ->
     return found
 
 
-def _per_request(name: str, workload: dict[str, Any], exact: int) -> Target:
-    """Boreal's requests per inbound request, from the lab's per-request-id counts."""
+def _per_request(
+    name: str, workload: dict[str, Any], at_most: float, hard_cap: int
+) -> list[Target]:
+    """Boreal's requests per inbound request, from the lab's per-request-id counts.
 
-    def tally(contender: str) -> tuple[float | None, str]:
+    Issue 5 asked for exactly 2.0 (the lesson's two attempts); issue 7, newer,
+    caps the amplification of an outage with a retry budget: at most 1.2 on
+    average, and never more than two attempts for any one request.
+    """
+
+    def tally(contender: str) -> tuple[float | None, int, str]:
         counts: dict[int, int] = {}
         for run in _runs(workload, contender):
             for k, v in run["lab"]["boreal_per_id"].items():
                 counts[int(k)] = counts.get(int(k), 0) + v
         ids = sum(counts.values())
         if not ids:
-            return None, "–"
+            return None, 0, "–"
         mean = sum(k * v for k, v in counts.items()) / ids
         dist = ", ".join(f"{k}×{v}" for k, v in sorted(counts.items()))
-        return mean, f"{mean:.3f} ({dist})"
+        return mean, max(counts), f"{mean:.3f} ({dist})"
 
-    qf_mean, qf_text = tally("quoteflow")
-    _, bare_text = tally("bare")
-    qf_counts = {
-        int(k) for run in _runs(workload, "quoteflow") for k in run["lab"]["boreal_per_id"]
-    }
-    return Target(
-        name,
-        "boreal requests per inbound",
-        qf_text,
-        bare_text,
-        "",
-        f"= {exact} exactly",
-        None if qf_mean is None else qf_counts == {exact},
-    )
+    mean, most, text = tally("quoteflow")
+    _, bare_most, bare_text = tally("bare")
+    return [
+        Target(
+            name,
+            "boreal requests per inbound",
+            text,
+            bare_text,
+            "",
+            f"≤ {at_most} (issue 7; issue 5: 2.0)",
+            None if mean is None else mean <= at_most,
+        ),
+        Target(
+            name,
+            "most boreal requests for one inbound",
+            str(most or "–"),
+            str(bare_most or "–"),
+            "",
+            f"≤ {hard_cap}",
+            None if mean is None else most <= hard_cap,
+        ),
+    ]
 
 
-def _recovered(workload: dict[str, Any]) -> Target:
-    """Share of 200s in which boreal's quote is present (recovered on attempt 2)."""
+def _recovered(name: str, workload: dict[str, Any], at_least: float) -> Target:
+    """Share of 200s in which boreal's quote is present (recovered by a retry if needed)."""
 
     def share(contender: str) -> tuple[float | None, str]:
         runs = _runs(workload, contender)
@@ -345,18 +380,49 @@ def _recovered(workload: dict[str, Any]) -> Target:
         n200 = sum(int(r["statuses"].get("200", 0)) for r in runs)
         if not n200:
             return None, "–"
-        return quoted / n200, f"{100 * quoted / n200:.1f} % of {n200}"
+        return quoted / n200, f"{100 * quoted / n200:.2f} % of {n200}"
 
     value, text = share("quoteflow")
     _, bare_text = share("bare")
     return Target(
-        "flaky",
-        "boreal recovered",
+        name,
+        "answers with boreal's quote",
         text,
         bare_text,
         "",
-        "100 %",
-        None if value is None else value == 1.0,
+        f"≥ {100 * at_least:g} %" if at_least < 1 else "100 %",
+        None if value is None else value >= at_least,
+    )
+
+
+def recovery_s(timeline: list[dict[str, float]]) -> float | None:
+    """Seconds from the first answer until every answer has boreal's quote again."""
+    if not timeline:
+        return None
+    missing = [slot["t_s"] for slot in timeline if slot["quoted"] < slot["n"]]
+    return round(max(missing) + 0.1, 1) if missing else 0.0
+
+
+def _comeback(workload: dict[str, Any], within_s: float) -> Target:
+    """After the outage drained boreal's retry budget: how soon do retries pay again?"""
+    runs = _runs(workload, "quoteflow")
+    times = [recovery_s(r["timeline"]) for r in runs]
+    found = [t for t in times if t is not None]
+    quoted = sum(r["inspected"].get("boreal_quoted", 0) for r in runs)
+    n200 = sum(int(r["statuses"].get("200", 0)) for r in runs)
+    text = (
+        f"{max(found):.1f} s ({100 * quoted / n200:.1f} % recovered overall)"
+        if found and n200
+        else "–"
+    )
+    return Target(
+        "comeback",
+        "flaky after outage: all recovered after",
+        text,
+        "",
+        "",
+        f"≤ {within_s:g} s (issue 7)",
+        max(found) <= within_s if found else None,
     )
 
 

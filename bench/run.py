@@ -42,12 +42,12 @@ from bench.procs import (
     stop,
 )
 from bench.stats import merge, percentile
+from bench.workloads import BOTH as CONTENDERS
 from bench.workloads import Limits, Workload, all_workloads
 from bench.wrk import WrkRun, find_wrk, run_wrk
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
-CONTENDERS = ("quoteflow", "bare")
 SCENARIOS = ("normal", "slow", "broken", "malformed", "flaky")
 SETTLE_TIMEOUT_S = 5.0
 
@@ -267,6 +267,7 @@ class Bench:
             out_dir=self.raw_dir,
             tag=f"{workload.name}-{index}-{contender}",
             inspect=workload.inspect,
+            timeline=workload.timeline,
         )
         service_cpu = service.cpu() - service_cpu
         lab_cpu = self.lab.cpu() - lab_cpu
@@ -302,17 +303,22 @@ class Bench:
             time.sleep(0.2)
 
     def run_workload(self, workload: Workload) -> dict[str, Any]:
-        """Every run of one workload, A B B A, then the still-answers check."""
+        """Every run of one workload in its order, then the still-answers check."""
         self.set_latency(workload.latency_ms)
         runs: list[dict[str, Any]] = []
-        index = 0
-        for block in range(workload.rounds):
-            first, second = CONTENDERS if block % 2 == 0 else CONTENDERS[::-1]
-            for contender in (first, second, second, first):
+        if workload.fault is not None:
+            self.settle()
+            status, _, body = http("PUT", self.lab.url + "/faults/boreal", workload.fault)
+            if status != 200:
+                raise BenchError(f"lab refused fault {workload.fault}: {status} {body}")
+        try:
+            for index, contender in enumerate(workload.order()):
                 record = self.one_run(workload, contender, index)
                 print(report.progress_line(workload, record), flush=True)
                 runs.append(record)
-                index += 1
+        finally:
+            if workload.fault is not None:
+                http("DELETE", self.lab.url + "/faults")
         checks = {name: self.still_answers(name) for name in CONTENDERS}
         return {"workload": attrs.asdict(workload), "runs": runs, "still_answers": checks}
 
@@ -426,11 +432,27 @@ def _run_record(
         },
         "inspected": run.inspected,
         "boreal_recovered": quoted / n200 if quoted is not None and n200 else None,
+        "timeline": _timeline(run.timeline),
         "wrk_latency_us": run.wrk_latency_us,
         "histograms": {
             str(s): {str(b): c for b, c in h.items()} for s, h in run.histograms.items()
         },
     }
+
+
+def _timeline(slots: dict[int, dict[str, int]]) -> list[dict[str, float]]:
+    """Per 100 ms from the first answer: 200s, boreal quotes, and the share recovered."""
+    if not slots:
+        return []
+    first = min(slots)
+    return [
+        {
+            "t_s": round((slot - first) / 10, 1),
+            "n": counts.get("n", 0),
+            "quoted": counts.get("q", 0),
+        }
+        for slot, counts in sorted(slots.items())
+    ]
 
 
 def _minus(value: float | None, latency_ms: float) -> float | None:

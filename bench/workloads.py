@@ -1,8 +1,19 @@
-"""The workloads of issue 5, and the QuoteFlow limits they are sized from."""
+"""The workloads of issues 5 and 7, and the QuoteFlow limits they are sized from.
+
+They run in this order, against the same QuoteFlow process throughout: its
+per-supplier retry budget (issue 7) is process-wide state, so ``flaky`` and
+``blips`` run while boreal's bucket is full, ``outage`` then drains it, and
+``comeback`` measures how soon retries pay again right after.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
+
+QUOTEFLOW, BARE = "quoteflow", "bare"
+BOTH = (QUOTEFLOW, BARE)
 
 
 @attrs.frozen
@@ -25,7 +36,7 @@ class Limits:
 
 @attrs.frozen
 class Workload:
-    """One row group of the table: how wrk drives both contenders, and the lab's setting."""
+    """One row group of the table: how wrk drives the contenders, and the lab's setting."""
 
     name: str
     what: str
@@ -33,15 +44,34 @@ class Workload:
     latency_ms: int
     scenario: str = "normal"
     rounds: int = 1
-    """A B B A blocks: each contender runs twice per block."""
+    """Blocks of ``order``; each block is run ``rounds`` times."""
+    interleave: bool = True
+    """A B B A blocks (speed figures); otherwise one run each, A B (behaviour checks)."""
+    contenders: tuple[str, ...] = BOTH
     inspect: bool = False
-    """Read 200 bodies (boreal quoted/failed, ``elapsed_ms``) in wrk's Lua."""
+    """Read 200 bodies in wrk's Lua: which suppliers quoted or failed, ``elapsed_ms``."""
+    timeline: bool = False
+    """Count 200s and boreal's quotes per 100 ms of the run."""
+    fault: dict[str, Any] | None = attrs.field(default=None, hash=False)
+    """A lab fault for boreal for the whole workload (``PUT /faults/boreal``)."""
     min_duration_s: float = 1.0
     """Shortest run that still sees answers (the bare fan-out waits 2 s under ``slow``)."""
+
+    def order(self) -> list[str]:
+        """Contenders in the order they run, over every block."""
+        if len(self.contenders) == 1:
+            return list(self.contenders) * self.rounds
+        runs: list[str] = []
+        a, b = self.contenders
+        for block in range(self.rounds):
+            first, second = (a, b) if block % 2 == 0 else (b, a)
+            runs += [first, second, second, first] if self.interleave else [first, second]
+        return runs
 
 
 def all_workloads(limits: Limits, rounds: int) -> tuple[Workload, ...]:
     """Every workload, in the order they run; ``rounds`` for the two ratio workloads."""
+    full = limits.inbound
     return (
         Workload(
             "light",
@@ -53,38 +83,60 @@ def all_workloads(limits: Limits, rounds: int) -> tuple[Workload, ...]:
         Workload(
             "saturate",
             "connections = inbound limit, suppliers 0 ms: throughput, CPU per request",
-            connections=limits.inbound,
+            connections=full,
             latency_ms=0,
             rounds=rounds,
         ),
         Workload(
             "overload",
             "4 × inbound limit, suppliers 50 ms: 503 share, goodput vs the limits",
-            connections=4 * limits.inbound,
+            connections=4 * full,
             latency_ms=50,
         ),
         Workload(
-            "outage",
-            "scenario broken: boreal requests per inbound request",
-            connections=limits.inbound,
+            "flaky",
+            "scenario flaky (every first attempt 503): share where boreal recovered",
+            connections=full,
             latency_ms=0,
-            scenario="broken",
+            scenario="flaky",
+            interleave=False,
             inspect=True,
         ),
         Workload(
-            "flaky",
-            "scenario flaky: share of answers where boreal recovered",
-            connections=limits.inbound,
+            "blips",
+            "healthy boreal with 5 % one-off 503s (lab fault blip): share recovered",
+            connections=full,
+            latency_ms=0,
+            interleave=False,
+            inspect=True,
+            fault={"kind": "blip", "probability": 0.05},
+        ),
+        Workload(
+            "outage",
+            "scenario broken: boreal requests per inbound request (from the lab)",
+            connections=full,
+            latency_ms=0,
+            scenario="broken",
+            interleave=False,
+            inspect=True,
+        ),
+        Workload(
+            "comeback",
+            "flaky right after the outage: how soon retries pay again",
+            connections=full,
             latency_ms=0,
             scenario="flaky",
+            contenders=(QUOTEFLOW,),
             inspect=True,
+            timeline=True,
         ),
         Workload(
             "slow",
-            "scenario slow (boreal 2 s): latest answer vs the budget",
-            connections=limits.inbound,
+            "scenario slow (boreal 2 s), full inbound load: latest answer, healthy quotes",
+            connections=full,
             latency_ms=0,
             scenario="slow",
+            interleave=False,
             inspect=True,
             min_duration_s=3.0,
         ),

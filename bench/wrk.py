@@ -32,6 +32,8 @@ class WrkRun:
     errors: dict[str, int]
     inspected: dict[str, float]
     """Body checks of 200s: ``boreal_quoted``, ``boreal_failed``, ``elapsed_ms_max``."""
+    timeline: dict[int, dict[str, int]]
+    """100 ms slot (of the monotonic clock) → ``n`` 200s and ``q`` boreal quotes in it."""
     wrk_latency_us: dict[str, int]
     """wrk's own percentiles over every response (a cross-check of the histograms)."""
     cpu_s: float
@@ -75,6 +77,7 @@ def run_wrk(
     tag: str,
     quantity: int = 2,
     inspect: bool = False,
+    timeline: bool = False,
 ) -> WrkRun:
     """Run wrk against ``url`` + ``/api/quotes`` with one thread per connection."""
     out_path = out_dir / f"{tag}.tsv"
@@ -83,7 +86,8 @@ def run_wrk(
     env.update(
         BENCH_SCENARIO=scenario,
         BENCH_QUANTITY=str(quantity),
-        BENCH_INSPECT="1" if inspect else "0",
+        BENCH_INSPECT="1" if inspect or timeline else "0",
+        BENCH_TIMELINE="1" if timeline else "0",
         BENCH_WRK_OUT=str(out_path),
     )
     argv = [
@@ -125,6 +129,7 @@ def _parse(text: str, cpu_s: float, output: str) -> WrkRun:
     statuses: dict[int, int] = defaultdict(int)
     histograms: dict[int, Histogram] = defaultdict(lambda: defaultdict(int))
     inspected: dict[str, float] = {}
+    slots: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for line in text.splitlines():
         key, _, raw = line.partition("\t")
         kind, _, name = key.partition(" ")
@@ -136,6 +141,9 @@ def _parse(text: str, cpu_s: float, output: str) -> WrkRun:
         elif kind == "h":
             status, _, us = name.partition(" ")
             histograms[int(status)][int(us)] += int(value)
+        elif kind == "t":
+            slot, _, what = name.partition(" ")
+            slots[int(slot)][what] += int(value)
         elif kind == "x" and name.endswith("_max"):
             inspected[name] = max(inspected.get(name, value), value)
         elif kind == "x":
@@ -147,6 +155,7 @@ def _parse(text: str, cpu_s: float, output: str) -> WrkRun:
         histograms={status: dict(hist) for status, hist in histograms.items()},
         errors={k.removeprefix("errors_"): v for k, v in summary.items() if k.startswith("errors")},
         inspected=inspected,
+        timeline={slot: dict(counts) for slot, counts in sorted(slots.items())},
         wrk_latency_us={k: v for k, v in summary.items() if k.startswith("wrk_")},
         cpu_s=cpu_s,
         output=output,
