@@ -92,24 +92,23 @@ def _hist(runs: Iterable[Run], status: str | None = "200") -> dict[int, int]:
     return merge(hists)
 
 
-def _block_ratios(runs: Sequence[Run], metric: Callable[[Run], float | None]) -> list[float]:
-    """QuoteFlow ÷ bare within each A B B A block of four consecutive runs."""
+def _pair_ratios(runs: Sequence[Run], metric: Callable[[Run], float | None]) -> list[float]:
+    """QuoteFlow ÷ bare for each pair of neighbouring runs (A B | B A | A B ...).
+
+    Neighbours share the machine's mood of the moment, so the ratio of a pair
+    is steadier than a ratio of medians taken over the whole workload.
+    """
     found: list[float] = []
-    for start in range(0, len(runs) - 3, 4):
-        block = runs[start : start + 4]
-        qf = [metric(r) for r in block if r["contender"] == "quoteflow"]
-        bare = [metric(r) for r in block if r["contender"] == "bare"]
-        qf_values = [v for v in qf if v is not None]
-        bare_values = [v for v in bare if v is not None]
-        if qf_values and bare_values:
-            value = ratio(sum(qf_values) / len(qf_values), sum(bare_values) / len(bare_values))
-            if value is not None:
-                found.append(value)
+    for first, second in zip(runs[0::2], runs[1::2], strict=False):
+        pair = {first["contender"]: metric(first), second["contender"]: metric(second)}
+        value = ratio(pair.get("quoteflow"), pair.get("bare"))
+        if value is not None:
+            found.append(value)
     return found
 
 
 def summarize(results: dict[str, Any], limits: Limits) -> dict[str, Any]:
-    """Medians with min–max per contender and metric, block ratios, and the targets."""
+    """Medians with min–max per contender and metric, pair ratios, and the targets."""
     summary: dict[str, Any] = {}
     for name, workload in results["workloads"].items():
         entry: dict[str, Any] = {}
@@ -119,9 +118,8 @@ def summarize(results: dict[str, Any], limits: Limits) -> dict[str, Any]:
                 metric: spread(get(r) for r in runs) for metric, get in METRICS.items()
             }
             entry[contender]["p99_200_merged_ms"] = percentile(_hist(runs), 99)
-        entry["block_ratios"] = {
-            metric: spread(_block_ratios(workload["runs"], METRICS[metric]))
-            for metric in ("rate_200", "overhead_p50_ms", "overhead_p99_ms", "cpu_ms_per_response")
+        entry["pair_ratios"] = {
+            metric: spread(_pair_ratios(workload["runs"], get)) for metric, get in METRICS.items()
         }
         summary[name] = entry
     summary["targets"] = [attrs.asdict(t) for t in targets(results, summary, limits)]
@@ -130,6 +128,11 @@ def summarize(results: dict[str, Any], limits: Limits) -> dict[str, Any]:
 
 def _median(summary: dict[str, Any], workload: str, contender: str, metric: str) -> float | None:
     found = summary.get(workload, {}).get(contender, {}).get(metric)
+    return None if found is None else float(found["median"])
+
+
+def _pair_median(summary: dict[str, Any], workload: str, metric: str) -> float | None:
+    found = summary.get(workload, {}).get("pair_ratios", {}).get(metric)
     return None if found is None else float(found["median"])
 
 
@@ -164,16 +167,7 @@ def targets(results: dict[str, Any], summary: dict[str, Any], limits: Limits) ->
         show_ratio: bool = False,
     ) -> None:
         qf, bare = summary[workload]["quoteflow"][key], summary[workload]["bare"][key]
-        block = summary[workload]["block_ratios"].get(key)
-        rat = ""
-        if show_ratio:
-            med = ratio(
-                _median(summary, workload, "quoteflow", key),
-                _median(summary, workload, "bare", key),
-            )
-            rat = _num(med, 2)
-            if block and block["n"] > 1:
-                rat += f" [{block['min']:.2f}–{block['max']:.2f}]"
+        rat = _fmt(summary[workload]["pair_ratios"].get(key), 2) if show_ratio else ""
         found.append(
             Target(
                 workload,
@@ -189,9 +183,7 @@ def targets(results: dict[str, Any], summary: dict[str, Any], limits: Limits) ->
     if "light" in work:
         for q in ("p50", "p99"):
             key = f"overhead_{q}_ms"
-            r = ratio(
-                _median(summary, "light", "quoteflow", key), _median(summary, "light", "bare", key)
-            )
+            r = _pair_median(summary, "light", key)
             row(
                 "light",
                 f"overhead {q} (ms)",
@@ -202,10 +194,7 @@ def targets(results: dict[str, Any], summary: dict[str, Any], limits: Limits) ->
                 met=None if r is None else r <= 1.2,
             )
     if "saturate" in work:
-        r = ratio(
-            _median(summary, "saturate", "quoteflow", "rate_200"),
-            _median(summary, "saturate", "bare", "rate_200"),
-        )
+        r = _pair_median(summary, "saturate", "rate_200")
         row(
             "saturate",
             "throughput (200/s)",
@@ -452,7 +441,7 @@ def table(results: dict[str, Any], limits: Limits) -> str:
     marked = [r["met"] for r in rows if r["met"] is not None]
     lines.append(
         f"\n{sum(marked)}/{len(marked)} targets met. Values: median [min–max] over runs; "
-        "QF/bare: ratio of medians [range of per-block ratios]. "
+        "QF/bare: QuoteFlow ÷ bare per pair of neighbouring runs, median [min–max]. "
         f"Limits: budget {limits.budget_ms:.0f} ms, inbound {limits.inbound}, "
         f"outbound {limits.outbound}."
     )
