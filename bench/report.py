@@ -58,7 +58,7 @@ def banner(results: dict[str, Any], workloads: Sequence[Workload]) -> str:
     return (
         f"QuoteFlow benchmark: {m['nproc']} × {m['cpu_model']}, Python {m['python']}, {m['wrk']}\n"
         f"{len(workloads)} workloads, {runs} wrk runs of {o['duration_s']:g} s, "
-        "contenders interleaved A B B A"
+        "speed workloads interleaved A B B A, behaviour workloads A B"
         + (f"; QuoteFlow flags: {' '.join(o['quoteflow_args'])}" if o["quoteflow_args"] else "")
     )
 

@@ -132,7 +132,7 @@ def machine() -> dict[str, Any]:
         "cpu_model": model,
         "python": platform.python_version(),
         "kernel": platform.release(),
-        "wrk": wrk_version[0] if wrk_version else "unknown",
+        "wrk": wrk_version[0].split(" [")[0] if wrk_version else "unknown",
     }
 
 
