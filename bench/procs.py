@@ -95,7 +95,11 @@ class Service:
         return self.process.pid
 
     def cpu(self) -> float:
-        """CPU seconds used so far."""
+        """CPU seconds used so far; a process that has died stops the benchmark."""
+        if self.process.poll() is not None:
+            raise BenchError(
+                f"{self.name} exited with {self.process.returncode}:\n{self.log_tail()}"
+            )
         return cpu_seconds(self.process.pid)
 
     def log_tail(self, lines: int = 15) -> str:

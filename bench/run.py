@@ -102,10 +102,14 @@ def parse_options(argv: Sequence[str]) -> Options:
     duration, rounds = (1.0, 1) if args.quick else (args.duration, args.rounds)
     if duration < 1 or rounds < 1:
         parser.error("--duration must be at least 1 and --rounds at least 1")
+    only = tuple(name for name in args.only.split(",") if name)
+    known = [w.name for w in all_workloads(Limits(), 1)]
+    if unknown := [name for name in only if name not in known]:
+        parser.error(f"unknown workload {', '.join(unknown)}; choose from {', '.join(known)}")
     return Options(
         duration_s=duration,
         rounds=rounds,
-        only=tuple(name for name in args.only.split(",") if name),
+        only=only,
         out_dir=args.out,
         plots=not args.no_plots,
         profile=args.profile,
@@ -460,7 +464,7 @@ def _minus(value: float | None, latency_ms: float) -> float | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark; exit 0 when it ran (targets not met are reported, not fatal)."""
+    """Run the benchmark; exit 0 when it ran, even with targets not met; 1 when wedged."""
     options = parse_options(sys.argv[1:] if argv is None else argv)
     limits = Limits()
     began = time.monotonic()
@@ -495,7 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["explain"] = bench.explain_bills()
         if options.profile:
             results["profile"] = bench.profile()
-    except BenchError as exc:
+    except (BenchError, OSError) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -512,6 +516,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.plots:
         print(report.plot_all(results, options.out_dir))
     print(f"\nresults: {out}  ({results['elapsed_s']} s)")
+    wedged = [
+        f"{name}: {contender}"
+        for name, workload in results["workloads"].items()
+        for contender, check in workload["still_answers"].items()
+        if contender == "quoteflow" and not check["ok"]
+    ]
+    if wedged:
+        # Targets not met are findings; a service that stops answering is a failed run.
+        print(f"bench: QuoteFlow stopped answering after {', '.join(wedged)}", file=sys.stderr)
+        return 1
     return 0
 
 

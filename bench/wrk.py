@@ -63,7 +63,7 @@ def find_wrk() -> str:
         found = shutil.which("wrk")
         if found:
             return found
-    raise BenchError(f"wrk is not installed; install it with:\n    sudo {INSTALL_HINT}")
+    raise BenchError(f"wrk is not installed; install it (as root) with:\n    {INSTALL_HINT}")
 
 
 def run_wrk(
