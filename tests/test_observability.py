@@ -148,6 +148,20 @@ async def test_one_log_event_per_attempt_and_per_request(
     assert request["status"] == 200
     assert request["quotes"] == 2
     assert request["failures"] == {}
+    assert request["outcomes"] == {"atlas": ["ok"], "boreal": ["http_503", "ok"], "cedar": ["ok"]}
+
+
+async def test_routine_attempts_are_debug_events(
+    start_quoteflow: StartQuoteFlow, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A first-attempt success is logged at debug: one info line per healthy request."""
+    caplog.set_level(logging.DEBUG, logger="quoteflow")
+    await explain(await start_quoteflow())
+    attempts = [r for r in caplog.records if getattr(r, "event", None) == "supplier_attempt"]
+    assert sorted(r.fields["supplier"] for r in attempts) == ["atlas", "boreal", "cedar"]  # type: ignore[attr-defined]
+    assert {r.levelno for r in attempts} == {logging.DEBUG}
+    info = [getattr(r, "event", None) for r in caplog.records if r.levelno >= logging.INFO]
+    assert [event for event in info if event != "api_keys_off"] == ["quote_request"]
 
 
 async def test_refusals_are_logged_without_the_body(
