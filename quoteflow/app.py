@@ -96,6 +96,7 @@ def _supplier_session(
                 gateway(client) if gateway else client,
                 budget=settings.budget,
                 inbound_limit=settings.inbound_limit,
+                answer_reserve=settings.answer_reserve,
             )
             app[SUPPLIER_CLIENT] = client
             app[handlers.SERVICE] = service

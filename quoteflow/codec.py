@@ -40,14 +40,16 @@ def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
+_decoder = json.JSONDecoder(
+    parse_constant=_reject_constant, object_pairs_hook=_reject_duplicate_keys
+)
+"""Built once: ``json.loads`` with hooks would build a new decoder on every call."""
+
+
 def _loads(body: bytes) -> Any:
-    """Strict JSON: no NaN/Infinity, no duplicate keys. Raises ValueError."""
+    """Strict JSON in UTF-8: no NaN/Infinity, no duplicate keys. Raises ValueError."""
     try:
-        return json.loads(
-            body,
-            parse_constant=_reject_constant,
-            object_pairs_hook=_reject_duplicate_keys,
-        )
+        return _decoder.decode(body.decode("utf-8"))
     except RecursionError as exc:  # deeply nested arrays are not a quote either
         raise ValueError("JSON nested too deeply") from exc
 
@@ -252,7 +254,7 @@ def _ms(seconds: float) -> float:
 
 def encode_explain(report: QuoteReport) -> dict[str, Any]:
     """The budget bill: every attempt of every supplier, in milliseconds from admission."""
-    deadline = report.admitted_at + report.budget
+    deadline = report.deadline
     suppliers: dict[str, Any] = {}
     for trace in report.traces:
         suppliers[trace.supplier] = {

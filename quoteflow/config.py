@@ -32,6 +32,8 @@ class Settings:
     provider_url: str = attrs.field(default="http://127.0.0.1:9101")
     budget: float = attrs.field(default=0.8, validator=_positive)
     """Seconds from admission to the answer, whatever the suppliers do."""
+    answer_reserve: float = attrs.field(default=0.005, validator=v.ge(0))
+    """Seconds of the budget kept for ranking, encoding and sending the answer."""
     inbound_limit: int = attrs.field(default=8, validator=v.ge(1))
     """Inbound requests served at once; the next one gets 503 at once."""
     outbound_limit: int = attrs.field(default=6, validator=v.ge(1))
@@ -89,6 +91,11 @@ class Settings:
     def _check_metrics_key(self, attribute: attrs.Attribute[bool], value: bool) -> None:
         if value and self.api_keys is None:
             raise ValueError("metrics_require_key needs API keys (--api-keys-file)")
+
+    @answer_reserve.validator
+    def _check_reserve(self, attribute: attrs.Attribute[float], value: float) -> None:
+        if value >= self.budget:
+            raise ValueError("answer_reserve must be smaller than the budget")
 
     @backoff_max.validator
     def _check_backoff(self, attribute: attrs.Attribute[float], value: float) -> None:

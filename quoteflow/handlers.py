@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import random
 import re
-import uuid
 from importlib import resources
 from typing import Any
 
@@ -89,8 +89,12 @@ async def quotes(request: web.Request) -> web.Response:
 
     ``?explain=1`` adds the budget bill: every attempt of every supplier.
     """
-    quote_request = decode_request(await request.read())
-    report = await request.app[SERVICE].quote(quote_request, request[REQUEST_ID])
+    service = request.app[SERVICE]
+    # Admission comes first: under overload a refusal must cost as little as
+    # possible, so it happens before the body is read or parsed.
+    with service.admitted() as admitted_at:
+        quote_request = decode_request(await request.read())
+        report = await service.quote(quote_request, request[REQUEST_ID], admitted_at)
     request.app[TELEMETRY].served(report)
     body = encode_result(report.result)
     if request.query.get("explain") in ("1", "true"):
@@ -106,7 +110,7 @@ def _request_id(request: web.Request) -> str:
     offered = request.headers.get("X-Request-ID", "")
     if _SAFE_REQUEST_ID.fullmatch(offered):
         return offered
-    return uuid.uuid4().hex
+    return f"{random.getrandbits(128):032x}"  # an id, not a secret: no syscall needed
 
 
 @web.middleware

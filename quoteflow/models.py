@@ -162,4 +162,6 @@ class QuoteReport:
     budget: float
     admitted_at: float
     """Event-loop clock time of admission; every trace time is measured from here."""
+    deadline: float
+    """When the fan-out had to end: admission + budget - the answer's reserve."""
     traces: tuple[SupplierTrace, ...]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
+import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -62,6 +64,8 @@ class Telemetry:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self._busy_unreported = 0
+        self._busy_reported_at = -math.inf
         self._requests = Counter(
             "quoteflow_requests", "Inbound quote requests by result.", ["result"], registry=registry
         )
@@ -146,7 +150,7 @@ class Telemetry:
         of QuoteFlow's own CPU cost per request (see the README's benchmark).
         """
         result = report.result
-        deadline = report.admitted_at + report.budget
+        deadline = report.deadline
         for trace in report.traces:
             routine = trace.stopped == STOPPED_SUCCESS and len(trace.attempts) == 1
             level = logging.DEBUG if routine else logging.INFO
@@ -198,11 +202,25 @@ class Telemetry:
         exc: BaseException | None = None,
         **fields: object,
     ) -> None:
-        """A request was answered without a result: busy, invalid, or our bug (``exc``)."""
+        """A request was answered without a result: busy, invalid, or our bug (``exc``).
+
+        Busy refusals come by the thousand under overload: each is a debug
+        event, and at most once a second an info ``capacity_exhausted`` event
+        says how many there were since the last one.
+        """
         self._requests.labels(result).inc()
-        level = logging.ERROR if result == ERROR else logging.INFO
-        event = {"request_id": request_id, "status": status, "result": result, **fields}
-        log_event(log, level, "quote_request", event, exc_info=exc)
+        if result == BUSY:
+            level = logging.DEBUG
+            self._busy_unreported += 1
+            now = time.monotonic()
+            if now - self._busy_reported_at >= 1.0:
+                count, self._busy_unreported, self._busy_reported_at = self._busy_unreported, 0, now
+                log_event(log, logging.INFO, "capacity_exhausted", {"refused": count})
+        else:
+            level = logging.ERROR if result == ERROR else logging.INFO
+        if log.isEnabledFor(level):
+            event = {"request_id": request_id, "status": status, "result": result, **fields}
+            log_event(log, level, "quote_request", event, exc_info=exc)
 
 
 def _attempt_fields(

@@ -16,6 +16,8 @@ finished when it comes is kept; every supplier still working is ``timeout``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from typing import Protocol
 
 from quoteflow.config import SUPPLIERS
@@ -50,16 +52,26 @@ class SupplierGateway(Protocol):
 class QuoteService:
     """One per process: every request shares its admission counter and gateway."""
 
-    def __init__(self, gateway: SupplierGateway, *, budget: float, inbound_limit: int) -> None:
+    def __init__(
+        self,
+        gateway: SupplierGateway,
+        *,
+        budget: float,
+        inbound_limit: int,
+        answer_reserve: float = 0.0,
+    ) -> None:
         self._gateway = gateway
         self._budget = budget
         self._inbound_limit = inbound_limit
+        self._answer_reserve = answer_reserve
         self.in_flight = 0
         """Requests admitted and not yet answered."""
 
-    async def quote(self, request: QuoteRequest, request_id: str) -> QuoteReport:
-        """Admit ``request`` or refuse it at once, then answer within the budget.
+    @contextlib.contextmanager
+    def admitted(self) -> Iterator[float]:
+        """Take an inbound slot for the ``with`` block, or refuse at once.
 
+        Yields the admission time, from which the request's deadline runs.
         Raises ``CapacityExhausted`` when every inbound slot is taken.
         """
         # Check and take the slot with no await in between: no other request
@@ -68,14 +80,18 @@ class QuoteService:
             raise CapacityExhausted
         self.in_flight += 1
         try:
-            return await self._fan_out(request, request_id)
+            yield asyncio.get_running_loop().time()
         finally:
             self.in_flight -= 1
 
-    async def _fan_out(self, request: QuoteRequest, request_id: str) -> QuoteReport:
+    async def quote(
+        self, request: QuoteRequest, request_id: str, admitted_at: float
+    ) -> QuoteReport:
+        """Every supplier's answer to ``request``, within the budget from ``admitted_at``."""
         loop = asyncio.get_running_loop()
-        admitted_at = loop.time()
-        deadline = admitted_at + self._budget
+        # The fan-out stops a little before the budget ends, so that ranking,
+        # encoding and sending the answer fit inside it too.
+        deadline = admitted_at + self._budget - self._answer_reserve
         traces = tuple(SupplierTrace(supplier) for supplier in SUPPLIERS)
         outcomes: dict[str, SupplierQuote | Failure] = {}
 
@@ -98,7 +114,11 @@ class QuoteService:
                 trace.stopped = STOPPED_DEADLINE
         result = _rank(request, request_id, outcomes, (loop.time() - admitted_at) * 1000)
         return QuoteReport(
-            result=result, budget=self._budget, admitted_at=admitted_at, traces=traces
+            result=result,
+            budget=self._budget,
+            admitted_at=admitted_at,
+            deadline=deadline,
+            traces=traces,
         )
 
 
