@@ -103,9 +103,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9200)
     parser.add_argument("--provider-url", default="http://127.0.0.1:9101")
+    parser.add_argument("--event-loop", choices=("asyncio", "uvloop"), default="asyncio")
     args = parser.parse_args(argv)
+    loop: asyncio.AbstractEventLoop
+    if args.event_loop == "uvloop":
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    else:
+        loop = asyncio.new_event_loop()
     web.run_app(
-        create_app(args.provider_url), host=args.host, port=args.port, access_log=None, print=None
+        create_app(args.provider_url),
+        host=args.host,
+        port=args.port,
+        access_log=None,
+        print=None,
+        loop=loop,
     )
 
 

@@ -65,6 +65,8 @@ class Options:
     warmup_s: float
     quoteflow_args: tuple[str, ...]
     """Extra flags for QuoteFlow (``BENCH_QUOTEFLOW_ARGS``), e.g. ``--log-level warning``."""
+    bare_args: tuple[str, ...]
+    """Extra flags for the bare fan-out (``BENCH_BARE_ARGS``), e.g. ``--event-loop uvloop``."""
 
 
 def parse_options(argv: Sequence[str]) -> Options:
@@ -115,6 +117,7 @@ def parse_options(argv: Sequence[str]) -> Options:
         profile=args.profile,
         warmup_s=1.0,
         quoteflow_args=tuple(shlex.split(env.get("BENCH_QUOTEFLOW_ARGS", ""))),
+        bare_args=tuple(shlex.split(env.get("BENCH_BARE_ARGS", ""))),
     )
 
 
@@ -185,7 +188,16 @@ class Bench:
         bare_port = free_port()
         self.services["bare"] = start(
             "bare",
-            [py, "-m", "bench.bare_fanout", "--port", str(bare_port), "--provider-url", lab_url],
+            [
+                py,
+                "-m",
+                "bench.bare_fanout",
+                "--port",
+                str(bare_port),
+                "--provider-url",
+                lab_url,
+                *self.options.bare_args,
+            ],
             bare_port,
             self.log_dir,
             cwd=ROOT,
@@ -486,6 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "duration_s": options.duration_s,
             "rounds": options.rounds,
             "quoteflow_args": list(options.quoteflow_args),
+            "bare_args": list(options.bare_args),
         },
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "workloads": {},

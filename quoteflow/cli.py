@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import sys
@@ -45,6 +46,11 @@ _OPTIONS: dict[str, tuple[str | None, Callable[[str], Any], str]] = {
     ),
     "log_level": ("QUOTEFLOW_LOG_LEVEL", str, "debug, info, warning or error (default info)"),
     "log_format": ("QUOTEFLOW_LOG_FORMAT", str, "json (default) or text, on stderr"),
+    "event_loop": (
+        "QUOTEFLOW_EVENT_LOOP",
+        str,
+        "auto (default: uvloop if installed), asyncio, uvloop",
+    ),
     "supplier_share": (None, int, "outbound slots one supplier may hold (default: limit / 3)"),
     "min_attempt_time": (None, float, "least budget a second attempt needs, seconds"),
     "retry_budget_capacity": (None, float, "retries a supplier may spend in a burst (20)"),
@@ -124,13 +130,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     log_event(log, logging.INFO, "starting", attrs.asdict(settings))
     # SIGINT and SIGTERM stop accepting, let in-flight requests finish (each
     # ends within its budget), then close the ClientSession: exit status 0.
+    try:
+        loop = _new_event_loop(settings.event_loop)
+    except ImportError:
+        print("quoteflow: error: --event-loop uvloop: uvloop is not installed", file=sys.stderr)
+        return 2
     web.run_app(
         create_app(settings),
+        loop=loop,
         host=settings.host,
         port=settings.port,
         access_log=None,
         print=lambda _: log_event(
-            log, logging.INFO, "listening", {"url": f"http://{settings.host}:{settings.port}"}
+            log,
+            logging.INFO,
+            "listening",
+            {"url": f"http://{settings.host}:{settings.port}", "loop": type(loop).__module__},
         ),
         shutdown_timeout=settings.budget + 1.0,
         # A caller that hangs up stops paying: its fan-out is cancelled at once.
@@ -138,3 +153,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     log_event(log, logging.INFO, "stopped", {})
     return 0
+
+
+def _new_event_loop(choice: str) -> asyncio.AbstractEventLoop:
+    """uvloop when asked for (or, with ``auto``, when installed), else asyncio's loop."""
+    if choice != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                raise
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()

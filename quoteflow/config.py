@@ -72,6 +72,8 @@ class Settings:
         validator=v.in_(("debug", "info", "warning", "error")),
     )
     log_format: str = attrs.field(default="json", validator=v.in_(("json", "text")))
+    event_loop: str = attrs.field(default="auto", validator=v.in_(("auto", "asyncio", "uvloop")))
+    """``auto`` runs on uvloop when it is installed, else on asyncio's own loop."""
     max_request_bytes: int = attrs.field(default=16 * 1024, validator=v.ge(1))
     max_supplier_body_bytes: int = attrs.field(default=64 * 1024, validator=v.ge(1))
     """Cap on a supplier's decoded body; anything longer is ``invalid_data``."""

@@ -66,6 +66,7 @@ class Telemetry:
         self.registry = registry
         self._busy_unreported = 0
         self._busy_reported_at = -math.inf
+        self._attempt_children: dict[tuple[str, int, str], Counter] = {}
         self._requests = Counter(
             "quoteflow_requests", "Inbound quote requests by result.", ["result"], registry=registry
         )
@@ -125,6 +126,17 @@ class Telemetry:
             registry=registry,
         )
 
+    def _attempt_counter(self, supplier: str, attempt: int, outcome: str) -> Counter:
+        # labels() takes a lock and builds its key on every call; the set of
+        # (supplier, attempt, outcome) is small, so keep each child once found.
+        key = (supplier, attempt, outcome)
+        child = self._attempt_children.get(key)
+        if child is None:
+            child = self._attempt_children[key] = self._attempts.labels(
+                supplier, str(attempt), outcome
+            )
+        return child
+
     def watch(
         self,
         inbound: Callable[[], float],
@@ -156,7 +168,7 @@ class Telemetry:
             level = logging.DEBUG if routine else logging.INFO
             last = len(trace.attempts)
             for record in trace.attempts:
-                self._attempts.labels(trace.supplier, str(record.attempt), record.outcome).inc()
+                self._attempt_counter(trace.supplier, record.attempt, record.outcome).inc()
                 self._slot_wait.observe(record.slot_wait)
                 if record.backoff is not None:
                     self._retries.labels(trace.supplier, record.outcome).inc()

@@ -110,7 +110,8 @@ def _record(
 class _SupplierState:
     """What the process knows about one supplier, shared by every request."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, supplier: str, settings: Settings) -> None:
+        self.url = URL(settings.provider_url) / "quotes" / supplier
         self.share = asyncio.Semaphore(settings.supplier_share)
         self.attempt_time = AttemptTimeEstimate(settings.min_attempt_time)
         self.retry_budget = RetryBudget(settings.retry_budget_capacity, settings.retry_budget_earn)
@@ -125,9 +126,8 @@ class SupplierClient:
 
     def __init__(self, session: aiohttp.ClientSession, settings: Settings) -> None:
         self._session = session
-        self._base = URL(settings.provider_url)
         self._slots = asyncio.Semaphore(settings.outbound_limit)
-        self._suppliers = {supplier: _SupplierState(settings) for supplier in SUPPLIERS}
+        self._suppliers = {supplier: _SupplierState(supplier, settings) for supplier in SUPPLIERS}
         self._attempts = settings.attempts
         self._backoff = (settings.backoff_min, settings.backoff_max)
         self._retry_after_cap = settings.retry_after_cap
@@ -147,8 +147,8 @@ class SupplierClient:
         deadline: float,
     ) -> SupplierQuote | Failure:
         """Ask ``trace.supplier`` for ``request``; the caller enforces ``deadline``."""
-        call = _Call(self._base / "quotes" / trace.supplier, request, request_id, deadline)
         state = self._suppliers[trace.supplier]
+        call = _Call(state.url, request, request_id, deadline)
         state.retry_budget.first_attempt()
         for attempt in range(1, self._attempts + 1):
             result = await self._attempt(call, trace, attempt)  # slot taken and given back
