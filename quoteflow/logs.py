@@ -35,17 +35,27 @@ def log_event(
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, event and the event's fields."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        # json.dumps with any option builds a new encoder per call; this is per line.
+        self._encoder = json.JSONEncoder(default=str)
+        self._second = -1
+        self._second_text = ""
+
     def format(self, record: logging.LogRecord) -> str:
+        second = int(record.created)
+        if second != self._second:  # strftime once a second, not once a line
+            self._second = second
+            self._second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
         line: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "ts": f"{self._second_text}.{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "event": getattr(record, "event", record.getMessage()),
         }
         line.update(getattr(record, _FIELDS, {}))
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
-        return json.dumps(line, default=str)
+        return self._encoder.encode(line)
 
 
 class TextFormatter(logging.Formatter):
