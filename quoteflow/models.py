@@ -121,7 +121,7 @@ STOPPED_RETRY_BUDGET = "retry_budget"
 
 @attrs.frozen(kw_only=True)
 class AttemptRecord:
-    """One HTTP attempt at one supplier; times are event-loop clock seconds."""
+    """One HTTP attempt at one supplier; times are ``time.monotonic()`` seconds."""
 
     attempt: int
     started: float
@@ -161,7 +161,7 @@ class QuoteReport:
     result: QuoteResult
     budget: float
     admitted_at: float
-    """Event-loop clock time of admission; every trace time is measured from here."""
+    """``time.monotonic()`` at admission; every trace time is measured from here."""
     deadline: float
     """When the fan-out had to end: admission + budget - the answer's reserve."""
     traces: tuple[SupplierTrace, ...]

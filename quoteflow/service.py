@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -45,7 +46,10 @@ class SupplierGateway(Protocol):
         request_id: str,
         deadline: float,
     ) -> SupplierQuote | Failure:
-        """Ask ``trace.supplier``, recording each attempt in ``trace``."""
+        """Ask ``trace.supplier``, recording each attempt in ``trace``.
+
+        ``deadline`` is a ``time.monotonic()`` value; the caller enforces it.
+        """
         ...
 
 
@@ -80,7 +84,7 @@ class QuoteService:
             raise CapacityExhausted
         self.in_flight += 1
         try:
-            yield asyncio.get_running_loop().time()
+            yield time.monotonic()
         finally:
             self.in_flight -= 1
 
@@ -88,7 +92,6 @@ class QuoteService:
         self, request: QuoteRequest, request_id: str, admitted_at: float
     ) -> QuoteReport:
         """Every supplier's answer to ``request``, within the budget from ``admitted_at``."""
-        loop = asyncio.get_running_loop()
         # The fan-out stops a little before the budget ends, so that ranking,
         # encoding and sending the answer fit inside it too.
         deadline = admitted_at + self._budget - self._answer_reserve
@@ -101,7 +104,9 @@ class QuoteService:
 
         # The deadline wraps the whole fan-out, never one attempt: a retry
         # cannot win itself a fresh timer, and no inner handler can swallow it.
-        scope = asyncio.timeout_at(deadline)
+        # Times here are time.monotonic(): uvloop's loop.time() only has
+        # millisecond steps, too coarse for the bill. The timer takes a delay.
+        scope = asyncio.timeout(deadline - time.monotonic())
         try:
             async with scope, asyncio.TaskGroup() as group:
                 for trace in traces:
@@ -112,7 +117,7 @@ class QuoteService:
         for trace in traces:
             if trace.supplier not in outcomes:
                 trace.stopped = STOPPED_DEADLINE
-        result = _rank(request, request_id, outcomes, (loop.time() - admitted_at) * 1000)
+        result = _rank(request, request_id, outcomes, (time.monotonic() - admitted_at) * 1000)
         return QuoteReport(
             result=result,
             budget=self._budget,

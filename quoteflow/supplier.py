@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Mapping
 from typing import Final
 
@@ -182,7 +183,7 @@ class SupplierClient:
             if failed.retry_after > self._retry_after_cap:
                 return backoff, STOPPED_RETRY_AFTER
             backoff = max(backoff, failed.retry_after)
-        remaining = deadline - asyncio.get_running_loop().time()
+        remaining = deadline - time.monotonic()
         if remaining < backoff + state.attempt_time.needed:
             return backoff, (STOPPED_RETRY_AFTER if failed.retry_after else STOPPED_NO_TIME)
         if not state.retry_budget.try_spend():
@@ -191,14 +192,13 @@ class SupplierClient:
 
     async def _attempt(self, call: _Call, trace: SupplierTrace, attempt: int) -> _AttemptResult:
         """One attempt: wait for a slot, fetch, give the slot back, then decode."""
-        loop = asyncio.get_running_loop()
-        waiting_since = loop.time()
+        waiting_since = time.monotonic()
         started: float | None = None
         state = self._suppliers[trace.supplier]
         try:
             # The supplier's share first: waiting for it holds no shared slot.
             async with state.share, self._slots:
-                started = loop.time()
+                started = time.monotonic()
                 self.in_flight += 1
                 headers = {
                     "X-Request-ID": call.request_id,
@@ -213,11 +213,11 @@ class SupplierClient:
         except asyncio.CancelledError:
             # The deadline (or the caller leaving) cut this attempt short: keep
             # it on the bill, then let the cancellation go on.
-            now = loop.time()
+            now = time.monotonic()
             trace.attempts.append(_record(attempt, waiting_since, started or now, now, TIMEOUT))
             raise
         assert started is not None
-        ended = loop.time()
+        ended = time.monotonic()
         if isinstance(fetched, bytes) or fetched.status is not None:
             state.attempt_time.observe(ended - started)  # it answered: a useful attempt's length
         if isinstance(fetched, bytes):
