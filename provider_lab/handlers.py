@@ -173,10 +173,16 @@ async def _scenario(call: Call) -> tuple[str, web.StreamResponse] | None:
 
 async def _faulty(call: Call, fault: Fault) -> web.StreamResponse:
     """Produce ``fault`` for this request, on the real connection."""
-    logger.info(
-        "fault_served supplier=%s kind=%s request_id=%s", call.supplier, fault.kind, call.request_id
-    )
     kind = fault.kind
+    # Latency and blips touch every request while they are on: at info level a
+    # benchmark would write a line per request. A blip that fires says so below.
+    logger.log(
+        logging.DEBUG if kind in (Kind.LATENCY, Kind.BLIP) else logging.INFO,
+        "fault_served supplier=%s kind=%s request_id=%s",
+        call.supplier,
+        kind,
+        call.request_id,
+    )
     if kind in STATUS_KINDS:
         return answers.http_error(call, fault)
     if kind is Kind.CLOSE:
@@ -197,6 +203,7 @@ async def _faulty(call: Call, fault: Fault) -> web.StreamResponse:
             f"{call.supplier} {call.request_id}"
         )
         if first and call.state.random.random() < fault.float_param("probability"):
+            logger.info("blip_fired supplier=%s request_id=%s", call.supplier, call.request_id)
             return answers.json_response(503, {"error": "injected_blip"})
     # Every remaining kind needs the offer; an unknown SKU stays a 404 whatever the fault.
     offer = lookup(call.supplier, call.sku)
