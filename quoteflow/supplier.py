@@ -273,12 +273,11 @@ class SupplierClient:
     async def _read_body(self, response: aiohttp.ClientResponse) -> bytes:
         """The decoded body, refused as soon as it grows past the cap."""
         declared = response.content_length
-        if (
-            declared is not None
-            and declared > self._max_body
-            and "Content-Encoding" not in response.headers
-        ):
-            raise InvalidSupplierData(f"body of {declared} bytes is over the cap")
+        if declared is not None and "Content-Encoding" not in response.headers:
+            # Not encoded: Content-Length is the decoded size, known up front.
+            if declared > self._max_body:
+                raise InvalidSupplierData(f"body of {declared} bytes is over the cap")
+            return await response.read()
         body = bytearray()
         async for chunk in response.content.iter_any():
             body += chunk
