@@ -35,6 +35,7 @@ def create_app(settings: Settings, *, gateway: GatewayFactory | None = None) -> 
         middlewares=[handlers.error_middleware, handlers.auth_middleware],
     )
     app[SETTINGS] = settings
+    app[handlers.BODY_TIMEOUT] = settings.body_timeout
     if settings.api_keys is not None:
         app[handlers.API_KEYS] = settings.api_keys
     app[handlers.METRICS_NEED_KEY] = settings.metrics_require_key

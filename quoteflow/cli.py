@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 from aiohttp import web
@@ -17,6 +19,7 @@ from quoteflow import logs
 from quoteflow.app import create_app
 from quoteflow.auth import ApiKeys, ApiKeysError
 from quoteflow.config import Settings
+from quoteflow.handlers import READY
 from quoteflow.logs import log_event
 
 log = logging.getLogger("quoteflow")
@@ -55,6 +58,7 @@ _OPTIONS: dict[str, tuple[str | None, Callable[[str], Any], str]] = {
     "min_attempt_time": (None, float, "least budget a second attempt needs, seconds"),
     "retry_budget_capacity": (None, float, "retries a supplier may spend in a burst (20)"),
     "retry_budget_earn": (None, float, "share of a retry each request earns (0.1)"),
+    "shutdown_drain": (None, float, "seconds /ready says 503 before the listener closes (0.5)"),
     "connect_timeout": (None, float, "socket connect timeout of one attempt, seconds"),
     "read_timeout": (None, float, "longest silence while reading an answer, seconds"),
     "max_supplier_body_bytes": (
@@ -78,13 +82,20 @@ _FLAGS = {"max_supplier_body_bytes": "--max-supplier-body", "api_keys": "--api-k
 """Flags whose name is not the setting's own."""
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """argparse, but a bad command line is a ConfigError (one line), not usage and exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
 class ConfigError(Exception):
     """A flag or environment variable has a value QuoteFlow cannot run with."""
 
 
 def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
     """Build ``Settings`` from flags, then environment variables, then defaults."""
-    parser = argparse.ArgumentParser(prog="quoteflow", description=__doc__)
+    parser = _OneLineErrors(prog="quoteflow", description=__doc__)
     for name, (env, convert, help_text) in _OPTIONS.items():
         suffix = f" [env {env}]" if env else ""
         # A switch is a bare flag; every other option takes a value.
@@ -128,31 +139,68 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logs.configure(settings.log_level, settings.log_format)
     log_event(log, logging.INFO, "starting", attrs.asdict(settings))
-    # SIGINT and SIGTERM stop accepting, let in-flight requests finish (each
-    # ends within its budget), then close the ClientSession: exit status 0.
     try:
         loop = _new_event_loop(settings.event_loop)
     except ImportError:
         print("quoteflow: error: --event-loop uvloop: uvloop is not installed", file=sys.stderr)
         return 2
-    web.run_app(
-        create_app(settings),
-        loop=loop,
-        host=settings.host,
-        port=settings.port,
+    try:
+        _serve(settings, loop)
+    except OSError as exc:  # address in use, unknown host, no permission
+        where = f"{settings.host}:{settings.port}"
+        print(f"quoteflow: error: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    log_event(log, logging.INFO, "stopped", {})
+    return 0
+
+
+def _serve(settings: Settings, loop: asyncio.AbstractEventLoop) -> None:
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(_run(settings))
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+async def _run(settings: Settings) -> None:
+    """Serve until SIGTERM or SIGINT; then drain, stop accepting and finish in-flight work.
+
+    Shutdown in three steps, so that nothing in flight is lost:
+    1. ``/ready`` turns 503 while QuoteFlow still serves, for ``shutdown_drain``
+       seconds (a second signal cuts this short): load balancers stop sending.
+    2. The listener closes; requests in flight finish, each within its budget.
+    3. The ``ClientSession`` closes. The process exits 0.
+    """
+    app = create_app(settings)
+    runner = web.AppRunner(
+        app,
         access_log=None,
-        print=lambda _: log_event(
+        # A caller that hangs up stops paying: its fan-out is cancelled at once.
+        handler_cancellation=True,
+        shutdown_timeout=settings.budget + 1.0,
+    )
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, settings.host, settings.port).start()
+        loop = asyncio.get_running_loop()
+        log_event(
             log,
             logging.INFO,
             "listening",
             {"url": f"http://{settings.host}:{settings.port}", "loop": type(loop).__module__},
-        ),
-        shutdown_timeout=settings.budget + 1.0,
-        # A caller that hangs up stops paying: its fan-out is cancelled at once.
-        handler_cancellation=True,
-    )
-    log_event(log, logging.INFO, "stopped", {})
-    return 0
+        )
+        signalled = asyncio.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, signalled.set)
+        await signalled.wait()
+        signalled.clear()
+        app[READY][0] = False
+        log_event(log, logging.INFO, "draining", {"seconds": settings.shutdown_drain})
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(signalled.wait(), settings.shutdown_drain)
+    finally:
+        await runner.cleanup()
 
 
 def _new_event_loop(choice: str) -> asyncio.AbstractEventLoop:

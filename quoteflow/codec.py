@@ -40,18 +40,36 @@ def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
+class _UnusableJSON(ValueError):
+    """Valid JSON that no quote or request can be: nested too deep, or a huge integer."""
+
+
+def _parse_int(text: str) -> int:
+    # Far beyond any quantity, price or stock, and short of int()'s own
+    # 4300-digit guard, which would make valid JSON look like a syntax error.
+    if len(text) > 40:
+        raise _UnusableJSON(f"an integer of {len(text)} digits")
+    return int(text)
+
+
 _decoder = json.JSONDecoder(
-    parse_constant=_reject_constant, object_pairs_hook=_reject_duplicate_keys
+    parse_int=_parse_int,
+    parse_constant=_reject_constant,
+    object_pairs_hook=_reject_duplicate_keys,
 )
 """Built once: ``json.loads`` with hooks would build a new decoder on every call."""
 
 
 def _loads(body: bytes) -> Any:
-    """Strict JSON in UTF-8: no NaN/Infinity, no duplicate keys. Raises ValueError."""
+    """Strict JSON in UTF-8: no NaN/Infinity, no duplicate keys.
+
+    Raises ``_UnusableJSON`` for valid JSON no model can hold, and
+    ``ValueError`` for anything that is not JSON.
+    """
     try:
         return _decoder.decode(body.decode("utf-8"))
-    except RecursionError as exc:  # deeply nested arrays are not a quote either
-        raise ValueError("JSON nested too deeply") from exc
+    except RecursionError as exc:
+        raise _UnusableJSON("JSON nested too deeply") from exc
 
 
 # -- strict primitive hooks ----------------------------------------------------
@@ -159,6 +177,8 @@ def decode_request(body: bytes) -> QuoteRequest:
     """
     try:
         obj = _loads(body)
+    except _UnusableJSON as exc:
+        raise InvalidRequest([FieldError((), str(exc))]) from exc
     except ValueError as exc:
         raise BadRequestBody(str(exc)) from exc
     if type(obj) is not dict:

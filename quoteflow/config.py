@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 from attrs import validators as v
+from yarl import URL
 
 from quoteflow.auth import ApiKeys
 
@@ -15,8 +16,10 @@ SCENARIOS: tuple[str, ...] = ("normal", "slow", "broken", "malformed", "flaky")
 
 
 def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{attribute.name} must be greater than 0, got {value!r}")
+    # A duration: finite, above 0 and at most an hour (inf or 1e308 would
+    # overflow every deadline computed from it).
+    if not 0 < value <= 3600:
+        raise ValueError(f"{attribute.name} must be more than 0 and at most 3600 s, got {value!r}")
 
 
 def _lower(value: str) -> str:
@@ -40,11 +43,16 @@ class Settings:
     """Supplier HTTP attempts in flight at once, shared by every request."""
     supplier_share: int = attrs.field(
         default=attrs.Factory(
-            lambda self: -(-self.outbound_limit // len(SUPPLIERS)), takes_self=True
+            lambda self: max(1, self.outbound_limit - (len(SUPPLIERS) - 1)), takes_self=True
         ),
         validator=v.ge(1),
     )
-    """Outbound slots one supplier may hold at once: a hanging one cannot starve the rest."""
+    """Outbound slots one supplier may hold at once: a hanging one cannot starve the rest.
+
+    By default all but one slot for each other supplier (4 of 6): a slow but
+    healthy supplier still gets most of the capacity, and a hanging one always
+    leaves slots for the others.
+    """
     attempts: int = attrs.field(default=2, validator=[v.ge(1), v.le(2)])
     backoff_min: float = attrs.field(default=0.020, validator=v.ge(0))
     backoff_max: float = attrs.field(default=0.030, validator=v.ge(0))
@@ -74,6 +82,10 @@ class Settings:
     log_format: str = attrs.field(default="json", validator=v.in_(("json", "text")))
     event_loop: str = attrs.field(default="auto", validator=v.in_(("auto", "asyncio", "uvloop")))
     """``auto`` runs on uvloop when it is installed, else on asyncio's own loop."""
+    shutdown_drain: float = attrs.field(default=0.5, validator=[v.ge(0), v.le(60)])
+    """Seconds between a stop signal and closing the listener, with ``/ready`` at 503."""
+    body_timeout: float = attrs.field(default=1.0, validator=_positive)
+    """Seconds an inbound body may take to arrive before the answer is 408."""
     max_request_bytes: int = attrs.field(default=16 * 1024, validator=v.ge(1))
     max_supplier_body_bytes: int = attrs.field(default=64 * 1024, validator=v.ge(1))
     """Cap on a supplier's decoded body; anything longer is ``invalid_data``."""
@@ -86,8 +98,14 @@ class Settings:
 
     @provider_url.validator
     def _check_provider_url(self, attribute: attrs.Attribute[str], value: str) -> None:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError(f"provider_url must be an http(s) URL, got {value!r}")
+        problem = f"provider_url must be an http(s) URL with a host, got {value!r}"
+        try:
+            url = URL(value)
+            url.port  # noqa: B018 -- parsing the port is the check
+        except ValueError:
+            raise ValueError(problem) from None
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(problem)
 
     @metrics_require_key.validator
     def _check_metrics_key(self, attribute: attrs.Attribute[bool], value: bool) -> None:
@@ -97,7 +115,7 @@ class Settings:
     @answer_reserve.validator
     def _check_reserve(self, attribute: attrs.Attribute[float], value: float) -> None:
         if value >= self.budget:
-            raise ValueError("answer_reserve must be smaller than the budget")
+            raise ValueError(f"budget must be more than {value} s (the answer's reserve)")
 
     @backoff_max.validator
     def _check_backoff(self, attribute: attrs.Attribute[float], value: float) -> None:

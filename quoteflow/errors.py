@@ -5,6 +5,7 @@
     │                          one: send a valid key (401)
     ├── CapacityExhausted      not admitted: the caller may try again later (503)
     ├── BadRequestBody         the caller's body is not JSON: fix it (400)
+    ├── SlowRequestBody        the body did not arrive in time: send it faster (408)
     ├── InvalidRequest         JSON, but not a valid quote request: fix it (422)
     └── InvalidSupplierData    a supplier answered 200 with a body that is not a
                                valid quote: never retried (``invalid_data``)
@@ -41,6 +42,10 @@ class CapacityExhausted(QuoteFlowError):
 
 class BadRequestBody(QuoteFlowError):
     """The inbound body could not be read as JSON."""
+
+
+class SlowRequestBody(QuoteFlowError):
+    """The inbound body did not arrive within its time limit."""
 
 
 class InvalidSupplierData(QuoteFlowError):

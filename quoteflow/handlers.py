@@ -21,7 +21,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from quoteflow.auth import ApiKeys
 from quoteflow.codec import decode_request, encode_errors, encode_explain, encode_result
-from quoteflow.errors import BadRequestBody, CapacityExhausted, InvalidRequest, Unauthenticated
+from quoteflow.errors import (
+    BadRequestBody,
+    CapacityExhausted,
+    InvalidRequest,
+    SlowRequestBody,
+    Unauthenticated,
+)
 from quoteflow.observe import BUSY, ERROR, INVALID, Telemetry
 from quoteflow.service import QuoteService
 
@@ -31,6 +37,8 @@ TELEMETRY = web.AppKey("telemetry", Telemetry)
 READY = web.AppKey("ready", list[bool])
 """``[True]`` while serving; flipped when shutdown begins."""
 REQUEST_ID = web.RequestKey("request_id", str)
+BODY_TIMEOUT = web.AppKey("body_timeout", float)
+"""Seconds an inbound body may take to arrive."""
 API_KEYS = web.AppKey("api_keys", ApiKeys)
 """Set only when keys are configured: then every ``/api/`` route needs one."""
 METRICS_NEED_KEY = web.AppKey("metrics_need_key", bool)
@@ -90,16 +98,29 @@ async def quotes(request: web.Request) -> web.Response:
     ``?explain=1`` adds the budget bill: every attempt of every supplier.
     """
     service = request.app[SERVICE]
-    # Admission comes first: under overload a refusal must cost as little as
-    # possible, so it happens before the body is read or parsed.
+    # Under overload a refusal must cost as little as possible: refuse before
+    # the body is read. The slot itself is taken only once the body is in, so
+    # a caller that sends it slowly never holds one.
+    service.ensure_capacity()
+    quote_request = decode_request(await _read_body(request))
     with service.admitted() as admitted_at:
-        quote_request = decode_request(await request.read())
         report = await service.quote(quote_request, request[REQUEST_ID], admitted_at)
     request.app[TELEMETRY].served(report)
     body = encode_result(report.result)
     if request.query.get("explain") in ("1", "true"):
         body["explain"] = encode_explain(report)
     return web.json_response(body)
+
+
+async def _read_body(request: web.Request) -> bytes:
+    """The whole inbound body, within its time limit and size cap."""
+    try:
+        async with asyncio.timeout(request.app[BODY_TIMEOUT]):
+            return await request.read()
+    except TimeoutError:
+        raise SlowRequestBody from None
+    except web.RequestPayloadError as exc:  # e.g. Content-Encoding: gzip, but not gzip
+        raise BadRequestBody(f"body could not be decoded: {exc}") from None
 
 
 _BUSY_BODY = json.dumps({"error": "capacity_exhausted"}).encode()
@@ -141,6 +162,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             content_type="application/json",
             headers={"Retry-After": "1"},
         )
+    except SlowRequestBody:
+        telemetry.refused(INVALID, request_id, 408, error="body_timeout")
+        response = _error(408, "body_timeout", detail="the request body did not arrive in time")
     except BadRequestBody as exc:
         telemetry.refused(INVALID, request_id, 400, error="invalid_json")
         response = _error(400, "invalid_json", detail=str(exc))

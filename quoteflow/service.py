@@ -71,6 +71,11 @@ class QuoteService:
         self.in_flight = 0
         """Requests admitted and not yet answered."""
 
+    def ensure_capacity(self) -> None:
+        """Refuse at once, taking nothing, when every inbound slot is taken."""
+        if self.in_flight >= self._inbound_limit:
+            raise CapacityExhausted
+
     @contextlib.contextmanager
     def admitted(self) -> Iterator[float]:
         """Take an inbound slot for the ``with`` block, or refuse at once.

@@ -185,7 +185,8 @@ class SupplierClient:
             backoff = max(backoff, failed.retry_after)
         remaining = deadline - time.monotonic()
         if remaining < backoff + state.attempt_time.needed:
-            return backoff, (STOPPED_RETRY_AFTER if failed.retry_after else STOPPED_NO_TIME)
+            asked_to_wait = failed.retry_after is not None and failed.retry_after > 0
+            return backoff, (STOPPED_RETRY_AFTER if asked_to_wait else STOPPED_NO_TIME)
         if not state.retry_budget.try_spend():
             return backoff, STOPPED_RETRY_BUDGET
         return backoff, None
@@ -211,10 +212,12 @@ class SupplierClient:
                 finally:
                     self.in_flight -= 1
         except asyncio.CancelledError:
-            # The deadline (or the caller leaving) cut this attempt short: keep
-            # it on the bill, then let the cancellation go on.
-            now = time.monotonic()
-            trace.attempts.append(_record(attempt, waiting_since, started or now, now, TIMEOUT))
+            # The deadline (or the caller leaving) cut this attempt short. If it
+            # was sent, it goes on the bill; one still waiting for a slot never
+            # reached the supplier and is not an attempt.
+            if started is not None:
+                now = time.monotonic()
+                trace.attempts.append(_record(attempt, waiting_since, started, now, TIMEOUT))
             raise
         assert started is not None
         ended = time.monotonic()
