@@ -58,6 +58,7 @@ _OPTIONS: dict[str, tuple[str | None, Callable[[str], Any], str]] = {
     "min_attempt_time": (None, float, "least budget a second attempt needs, seconds"),
     "retry_budget_capacity": (None, float, "retries a supplier may spend in a burst (20)"),
     "retry_budget_earn": (None, float, "share of a retry each request earns (0.1)"),
+    "body_timeout": (None, float, "seconds an inbound body may take to arrive (1.0)"),
     "shutdown_drain": (None, float, "seconds /ready says 503 before the listener closes (0.5)"),
     "connect_timeout": (None, float, "socket connect timeout of one attempt, seconds"),
     "read_timeout": (None, float, "longest silence while reading an answer, seconds"),
