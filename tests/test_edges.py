@@ -184,7 +184,7 @@ async def test_retry_after_zero_without_time_is_no_time(
     start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
 ) -> None:
     """Retry-After: 0 asks for no wait, so a refusal for lack of time is no_time."""
-    suppliers.always("boreal", delay(0.27, status(503, headers={"Retry-After": "0"})))
+    suppliers.always("boreal", delay(0.2, status(503, headers={"Retry-After": "0"})))
     body = await explain(await start_quoteflow())
     assert body["explain"]["suppliers"]["boreal"]["stopped"] == "no_time"
 

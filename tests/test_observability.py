@@ -90,13 +90,13 @@ async def test_bill_of_a_retry_that_could_not_finish(
     start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
 ) -> None:
     """Path 4: a 503 too late for a useful second attempt stops at once with no_time."""
-    suppliers.always("boreal", delay(TEST_BUDGET - 0.015, status(503)))
+    suppliers.always("boreal", delay(TEST_BUDGET - 0.05, status(503)))
     bill = (await explain(await start_quoteflow()))["explain"]
     boreal = bill["suppliers"]["boreal"]
     (attempt,) = boreal["attempts"]
     assert attempt["outcome"] == "http_503"
     assert attempt["backoff_ms"] is None
-    assert 0 < attempt["remaining_ms"] < 30
+    assert 0 < attempt["remaining_ms"] < 60
     assert boreal["stopped"] == "no_time"
     check_bill_adds_up(bill)
 
