@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import sys
 from typing import Any
 
 import aiohttp
@@ -22,8 +21,9 @@ from tests.fakes import (
     quote,
     status,
 )
+from tests.process import quoteflow_process
 from tests.test_decision_table import ask, failure_of
-from tests.test_observability import explain, free_port, metric
+from tests.test_observability import explain, metric
 
 # -- 1. one hanging supplier must not starve the others ---------------------------
 
@@ -295,40 +295,17 @@ async def test_real_process_cancels_when_the_caller_leaves(suppliers: FakeSuppli
     """`python -m quoteflow` frees the inbound slot within milliseconds of a hang-up."""
     for supplier in ("atlas", "boreal", "cedar"):
         suppliers.always(supplier, hang())
-    port = free_port()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "quoteflow",
-        "--port",
-        str(port),
-        "--provider-url",
-        suppliers.url,
-        "--budget",
-        "5",
-        "--read-timeout",
-        "10",
-        "--log-level",
-        "warning",
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        async with aiohttp.ClientSession() as session:
-            for _ in range(100):
-                try:
-                    async with session.get(url + "/health"):
-                        break
-                except aiohttp.ClientConnectionError:
-                    await asyncio.sleep(0.05)
-            with pytest.raises(asyncio.TimeoutError):
-                await session.post(
-                    url + "/api/quotes", json={}, timeout=aiohttp.ClientTimeout(total=0.2)
-                )
-            await asyncio.sleep(0.1)
-            async with session.get(url + "/metrics") as response:
-                text = await response.text()
-        assert metric(text, "quoteflow_inbound_in_flight") == 0
-        assert metric(text, "quoteflow_caller_disconnects_total") == 1
-    finally:
-        process.terminate()
-        await process.wait()
+    flags = ("--budget", "5", "--read-timeout", "10", "--log-level", "warning")
+    async with (
+        quoteflow_process(suppliers.url, *flags) as running,
+        aiohttp.ClientSession() as session,
+    ):
+        with pytest.raises(asyncio.TimeoutError):
+            await session.post(
+                running.url + "/api/quotes", json={}, timeout=aiohttp.ClientTimeout(total=0.2)
+            )
+        await asyncio.sleep(0.1)
+        async with session.get(running.url + "/metrics") as response:
+            text = await response.text()
+    assert metric(text, "quoteflow_inbound_in_flight") == 0
+    assert metric(text, "quoteflow_caller_disconnects_total") == 1

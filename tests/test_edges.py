@@ -18,8 +18,9 @@ from quoteflow.cli import ConfigError, parse_settings
 from quoteflow.handlers import SERVICE
 from tests.conftest import StartQuoteFlow
 from tests.fakes import FakeSuppliers, delay, hang, status
+from tests.process import quoteflow_process
 from tests.test_decision_table import ask
-from tests.test_observability import explain, free_port, metric
+from tests.test_observability import explain, metric
 
 
 async def raw_request(port: int, head: bytes, body_parts: list[tuple[float, bytes]]) -> bytes:
@@ -191,43 +192,20 @@ async def test_retry_after_zero_without_time_is_no_time(
 
 async def test_ready_is_503_while_draining(suppliers: FakeSuppliers) -> None:
     """After SIGTERM a real process answers /ready 503 for the drain, then exits 0."""
-    port = free_port()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "quoteflow",
-        "--port",
-        str(port),
-        "--provider-url",
-        suppliers.url,
-        "--shutdown-drain",
-        "1.0",
-        "--log-level",
-        "warning",
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        async with aiohttp.ClientSession() as session:
-            for _ in range(100):
-                try:
-                    async with session.get(url + "/ready") as ready:
-                        assert ready.status == 200
-                        break
-                except aiohttp.ClientConnectionError:
-                    await asyncio.sleep(0.05)
-            process.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.3)
-            async with aiohttp.ClientSession() as fresh:  # a new connection, as a prober makes
-                async with fresh.get(url + "/ready") as ready:
-                    assert ready.status == 503
-                    body: Any = await ready.json()
-                    assert body == {"status": "shutting_down"}
-                async with fresh.get(url + "/health") as health:
-                    assert health.status == 200
-                async with fresh.post(url + "/api/quotes", json={}) as served:
-                    assert served.status == 200
-        assert await asyncio.wait_for(process.wait(), 10) == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+    flags = ("--shutdown-drain", "1.0", "--log-level", "warning")
+    async with quoteflow_process(suppliers.url, *flags) as running:
+        url = running.url
+        async with aiohttp.ClientSession() as session, session.get(url + "/ready") as ready:
+            assert ready.status == 200
+        running.process.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.3)
+        async with aiohttp.ClientSession() as fresh:  # a new connection, as a prober makes
+            async with fresh.get(url + "/ready") as ready:
+                assert ready.status == 503
+                body: Any = await ready.json()
+                assert body == {"status": "shutting_down"}
+            async with fresh.get(url + "/health") as health:
+                assert health.status == 200
+            async with fresh.post(url + "/api/quotes", json={}) as served:
+                assert served.status == 200
+        assert await asyncio.wait_for(running.process.wait(), 10) == 0

@@ -6,8 +6,6 @@ import asyncio
 import logging
 import re
 import signal
-import socket
-import sys
 from typing import Any
 
 import aiohttp
@@ -16,6 +14,7 @@ import pytest
 from quoteflow.handlers import READY
 from tests.conftest import TEST_BUDGET, StartQuoteFlow
 from tests.fakes import FakeSuppliers, delay, status
+from tests.process import quoteflow_process
 
 
 async def explain(client: Any, **body: Any) -> dict[str, Any]:
@@ -272,13 +271,6 @@ async def test_ready_turns_503_when_shutdown_begins(start_quoteflow: StartQuoteF
     await client.app.shutdown()
 
 
-def free_port() -> int:
-    """A port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 async def test_graceful_shutdown_finishes_the_request_in_flight(
     suppliers: FakeSuppliers, signum: signal.Signals
@@ -286,42 +278,18 @@ async def test_graceful_shutdown_finishes_the_request_in_flight(
     """A real process stops on a signal after answering the request in flight, exit 0."""
     for supplier in ("atlas", "boreal", "cedar"):
         suppliers.always(supplier, delay(0.3))
-    port = free_port()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "quoteflow",
-        "--port",
-        str(port),
-        "--provider-url",
-        suppliers.url,
-        "--log-format",
-        "text",
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
+    flags = ("--log-format", "text", "--shutdown-drain", "0.1")
+    async with quoteflow_process(suppliers.url, *flags, capture_log=True) as running:
         async with aiohttp.ClientSession() as session:
-            url = f"http://127.0.0.1:{port}"
-            for _ in range(100):
-                try:
-                    async with session.get(url + "/health") as health:
-                        if health.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    await asyncio.sleep(0.05)
-            in_flight = asyncio.create_task(session.post(url + "/api/quotes", json={}))
+            in_flight = asyncio.create_task(session.post(running.url + "/api/quotes", json={}))
             await asyncio.sleep(0.15)  # well inside the suppliers' 0.3 s answer
-            process.send_signal(signum)
+            running.process.send_signal(signum)
             response = await in_flight
             assert response.status == 200
             assert len((await response.json())["quotes"]) == 2
-        assert await asyncio.wait_for(process.wait(), 10) == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    assert process.stderr is not None
-    log_text = (await process.stderr.read()).decode()
+        assert await asyncio.wait_for(running.process.wait(), 10) == 0
+        assert running.process.stderr is not None
+        log_text = (await running.process.stderr.read()).decode()
     assert "stopped" in log_text
     assert "Traceback" not in log_text
 
