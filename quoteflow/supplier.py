@@ -4,7 +4,10 @@ This is the only module that catches aiohttp, socket and decoding errors. Each
 attempt ends in one of three ways, and the retry loop reads only that:
 
     quote                     done
-    failure, retryable        503, or one of TRANSIENT_ERRORS: try once more
+    failure, retryable        503, or one of TRANSIENT_ERRORS: try once more,
+                              if ``_plan_retry`` finds it worth sending (the
+                              supplier's Retry-After, the time left, the
+                              supplier's retry budget: see ``retry.py``)
     failure, final            any other status, invalid data: stop
 
 Any other exception is a bug in QuoteFlow and propagates untouched.
