@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import random
 import re
 from importlib import resources
@@ -20,7 +19,7 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from quoteflow.auth import ApiKeys
-from quoteflow.codec import decode_request, encode_errors, encode_explain, encode_result
+from quoteflow.codec import decode_request, encode_errors, encode_explain, encode_result, to_json
 from quoteflow.errors import (
     BadRequestBody,
     CapacityExhausted,
@@ -62,15 +61,15 @@ def _snake(reason: str) -> str:
 @_routes.get("/health")
 async def health(request: web.Request) -> web.Response:
     """Liveness: the process answers."""
-    return web.json_response({"status": "ok"})
+    return _json({"status": "ok"})
 
 
 @_routes.get("/ready")
 async def ready(request: web.Request) -> web.Response:
     """Readiness: 200 while serving, 503 once shutdown has begun."""
     if request.app[READY][0]:
-        return web.json_response({"status": "ready"})
-    return web.json_response({"status": "shutting_down"}, status=503)
+        return _json({"status": "ready"})
+    return _json({"status": "shutting_down"}, status=503)
 
 
 @_routes.get("/metrics")
@@ -109,7 +108,7 @@ async def quotes(request: web.Request) -> web.Response:
     body = encode_result(report.result)
     if request.query.get("explain") in ("1", "true"):
         body["explain"] = encode_explain(report)
-    return web.json_response(body)
+    return _json(body)
 
 
 async def _read_body(request: web.Request) -> bytes:
@@ -123,7 +122,7 @@ async def _read_body(request: web.Request) -> bytes:
         raise BadRequestBody(f"body could not be decoded: {exc}") from None
 
 
-_BUSY_BODY = json.dumps({"error": "capacity_exhausted"}).encode()
+_BUSY_BODY = to_json({"error": "capacity_exhausted"})
 
 
 def _request_id(request: web.Request) -> str:
@@ -216,7 +215,11 @@ def _needs_key(request: web.Request) -> bool:
 
 
 def _error(status: int, error: str, **fields: Any) -> web.Response:
-    return web.json_response({"error": error, **fields}, status=status)
+    return _json({"error": error, **fields}, status=status)
+
+
+def _json(body: dict[str, Any], status: int = 200) -> web.Response:
+    return web.Response(body=to_json(body), status=status, content_type="application/json")
 
 
 def add_routes(app: web.Application) -> None:

@@ -29,7 +29,12 @@ def _not_bool(instance: object, attribute: attrs.Attribute[int], value: int) -> 
         raise TypeError(f"{attribute.name} must be an int, got {type(value).__name__}")
 
 
-_count = [_not_bool, v.ge(0)]
+MAX_SUPPLIED_NUMBER = 2**53 - 1
+"""The largest price or stock a supplier may send: RFC 8259's interoperable
+integer range, so every caller's JSON reader keeps our figures exact. It also
+keeps ``total_cents`` (at most 100 units) well inside 64 bits."""
+
+_count = [_not_bool, v.ge(0), v.le(MAX_SUPPLIED_NUMBER)]
 
 
 @attrs.frozen(kw_only=True)

@@ -107,6 +107,8 @@ INVALID_PAYLOADS: dict[str, Responder] = {
     ),
     "negative money": json_body(payload("boreal", unit_cents=-1)),
     "negative stock": json_body(payload("boreal", stock=-5)),
+    "money past 2**53": json_body(payload("boreal", unit_cents=2**53)),
+    "money of 30 digits": json_body(payload("boreal", unit_cents=10**30)),
     "extra key": json_body(payload("boreal", discount=10)),
     "missing key": json_body({k: v for k, v in payload("boreal").items() if k != "stock"}),
     "SKU not a string": json_body({**payload("boreal"), "sku": 1}),

@@ -75,7 +75,7 @@ async def test_undecodable_request_body_is_400(
     answer = await raw_request(client.port, head + body, [])
     # aiohttp closes such a connection after the answer; the first answer is ours.
     assert answer.startswith(b"HTTP/1.1 400")
-    assert b'"error": "invalid_json"' in answer
+    assert b'"error":"invalid_json"' in answer
     text = await (await client.get("/metrics")).text()
     assert metric(text, "quoteflow_requests_total", result="error") == 0
 

@@ -72,7 +72,7 @@ def _is_valid_quote(obj: Any, supplier: str, sku: str) -> bool:
         and obj["sku"] == sku
         and type(obj["supplier"]) is str
         and type(obj["sku"]) is str
-        and all(type(obj[key]) is int and obj[key] >= 0 for key in COUNTS)
+        and all(type(obj[key]) is int and 0 <= obj[key] < 2**53 for key in COUNTS)
     )
 
 
@@ -107,6 +107,8 @@ def test_any_bytes_are_a_quote_or_invalid_data(body: bytes) -> None:
 @example({**payload("boreal"), "sku": None})
 @example(payload("boreal", shipping_cents=-1))
 @example(payload("boreal", unit_cents=10**30))
+@example(payload("boreal", stock=2**53 - 1))
+@example(payload("boreal", shipping_cents=2**53))
 def test_any_json_is_decoded_exactly_when_valid(obj: Any) -> None:
     """Any JSON value is a quote exactly when the contract calls it valid, else invalid_data."""
     quote = _decode_or_invalid(json.dumps(obj).encode())
