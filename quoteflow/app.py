@@ -30,10 +30,11 @@ def create_app(settings: Settings, *, gateway: GatewayFactory | None = None) -> 
     ``gateway`` wraps the real supplier client — a seam for tests that need a
     supplier call to misbehave in ways no HTTP server can (a bug in our code).
     """
-    app = web.Application(
-        client_max_size=settings.max_request_bytes,
-        middlewares=[handlers.error_middleware, handlers.auth_middleware],
-    )
+    middlewares = [handlers.error_middleware]
+    if settings.api_keys is not None:
+        # Without keys there is nothing to check: no layer to pass per request.
+        middlewares.append(handlers.auth_middleware)
+    app = web.Application(client_max_size=settings.max_request_bytes, middlewares=middlewares)
     app[SETTINGS] = settings
     app[handlers.BODY_TIMEOUT] = settings.body_timeout
     if settings.api_keys is not None:
@@ -86,7 +87,12 @@ def _supplier_session(
             sock_read=settings.read_timeout,
         )
         async with aiohttp.ClientSession(
-            connector=connector, timeout=timeout, trust_env=False
+            connector=connector,
+            timeout=timeout,
+            trust_env=False,
+            # One session serves every caller: a cookie one supplier answer
+            # sets must not ride along on other callers' requests.
+            cookie_jar=aiohttp.DummyCookieJar(),
         ) as session:
             # aiohttp silently re-sends an idempotent request once after a
             # dropped connection (aio-libs/aiohttp#10790): our two attempts

@@ -12,12 +12,13 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from quoteflow.app import SUPPLIER_CLIENT
 from quoteflow.cli import ConfigError, parse_settings
 from quoteflow.handlers import SERVICE
 from tests.conftest import StartQuoteFlow
-from tests.fakes import FakeSuppliers, delay, hang, status
+from tests.fakes import FakeSuppliers, delay, hang, payload, status
 from tests.process import quoteflow_process
 from tests.test_decision_table import ask
 from tests.test_observability import explain, metric
@@ -209,3 +210,35 @@ async def test_ready_is_503_while_draining(suppliers: FakeSuppliers) -> None:
             async with fresh.post(url + "/api/quotes", json={}) as served:
                 assert served.status == 200
         assert await asyncio.wait_for(running.process.wait(), 10) == 0
+
+
+async def test_a_supplier_cookie_never_reaches_a_later_request(
+    start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
+) -> None:
+    """One session serves every caller, so a cookie a supplier sets is not kept or sent on."""
+
+    async def sets_a_cookie(request: web.Request) -> web.StreamResponse:
+        response = web.json_response(payload("boreal", request.query["sku"]))
+        response.set_cookie("session", "caller-one")
+        return response
+
+    suppliers.script("boreal", sets_a_cookie)
+    # By host name: aiohttp's default jar would silently drop a cookie from an IP address.
+    by_name = suppliers.url.replace("127.0.0.1", "localhost")
+    client = await start_quoteflow(provider_url=by_name)
+    await ask(client)
+    await ask(client)
+    assert [r.headers.get("Cookie") for r in suppliers.received] == [None] * 6
+
+
+async def test_each_sku_and_scenario_reaches_the_supplier_as_asked(
+    start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
+) -> None:
+    """Supplier URLs are reused per SKU and scenario; each request still asks for its own."""
+    client = await start_quoteflow()
+    asked = [("KB-001", "normal"), ("MS-002", "flaky"), ("KB-001", "flaky"), ("KB-001", "normal")]
+    for sku, scenario in asked:
+        await ask(client, sku=sku, scenario=scenario)
+    seen = [(r.query["sku"], r.query["scenario"]) for r in suppliers.of("atlas")]
+    assert seen == asked
+    assert all(set(r.query) == {"sku", "scenario"} for r in suppliers.received)
