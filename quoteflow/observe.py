@@ -7,13 +7,17 @@ retry loop itself stays free of bookkeeping, and the log, the metrics and
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from quoteflow.config import SUPPLIERS
 from quoteflow.logs import log_event
@@ -59,6 +63,67 @@ RETRY_REFUSALS = (STOPPED_NO_TIME, STOPPED_RETRY_AFTER, STOPPED_RETRY_BUDGET)
 OK, BUSY, INVALID, ERROR = "ok", "busy", "invalid", "error"
 
 
+class _Counter:
+    """A Prometheus counter family updated with no lock.
+
+    prometheus_client's own metrics take a lock on every update, and its
+    histogram walks the buckets in Python: on the request path that was a
+    visible part of QuoteFlow's CPU per request. Every update here comes from
+    the event loop's thread and every read (a scrape) runs on it too, so
+    plain numbers are enough, turned into metric families at scrape time.
+    """
+
+    def __init__(self, name: str, documentation: str, labels: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labels = labels
+        self.values: dict[tuple[str, ...], float] = {} if labels else {(): 0.0}
+
+    def inc(self, *labels: str) -> None:
+        self.values[labels] = self.values.get(labels, 0.0) + 1.0
+
+    def family(self) -> Metric:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labels)
+        for labels, value in self.values.items():
+            family.add_metric(labels, value)
+        return family
+
+
+class _Histogram:
+    """A Prometheus histogram updated with no lock (see ``_Counter``)."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.bounds = buckets
+        self.counts = [0] * (len(buckets) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        # bisect_left: the first bound >= value, as Prometheus' "le" means.
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def family(self) -> Metric:
+        cumulative = list(itertools.accumulate(self.counts))
+        # str(0.005) == "0.005", str(1.0) == "1.0": the labels prometheus_client writes.
+        buckets = [(str(b), float(c)) for b, c in zip(self.bounds, cumulative[:-1], strict=True)]
+        buckets.append(("+Inf", float(cumulative[-1])))
+        return HistogramMetricFamily(
+            self.name, self.documentation, buckets=buckets, sum_value=self.total
+        )
+
+
+class _LoopMetrics(Collector):
+    """The counters and histograms of one app, read by the registry at scrape time."""
+
+    def __init__(self, *metrics: _Counter | _Histogram) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        return [metric.family() for metric in self.metrics]
+
+
 class Telemetry:
     """The metrics of one app (its own registry) and the events that go with them."""
 
@@ -66,16 +131,56 @@ class Telemetry:
         self.registry = registry
         self._busy_unreported = 0
         self._busy_reported_at = -math.inf
-        self._attempt_children: dict[tuple[str, int, str], Counter] = {}
-        self._requests = Counter(
-            "quoteflow_requests", "Inbound quote requests by result.", ["result"], registry=registry
+        self._requests = _Counter(
+            "quoteflow_requests", "Inbound quote requests by result.", ("result",)
         )
-        self._duration = Histogram(
+        self._duration = _Histogram(
             "quoteflow_request_duration_seconds",
             "Time from admission to the answer of served quote requests.",
-            buckets=DURATION_BUCKETS,
-            registry=registry,
+            DURATION_BUCKETS,
         )
+        self._slot_wait = _Histogram(
+            "quoteflow_outbound_slot_wait_seconds",
+            "Time a supplier attempt waited for an outbound slot.",
+            SLOT_WAIT_BUCKETS,
+        )
+        self._attempts = _Counter(
+            "quoteflow_supplier_attempts",
+            "Supplier HTTP attempts by supplier, attempt number and outcome.",
+            ("supplier", "attempt", "outcome"),
+        )
+        self._retries = _Counter(
+            "quoteflow_retries",
+            "Second attempts, by supplier and the first attempt's failure.",
+            ("supplier", "reason"),
+        )
+        self._refusals = _Counter(
+            "quoteflow_retries_refused",
+            "Second attempts not sent, by supplier and reason.",
+            ("supplier", "reason"),
+        )
+        self._disconnects = _Counter(
+            "quoteflow_caller_disconnects",
+            "Requests whose caller went away before the answer; their fan-out was cancelled.",
+        )
+        self._timeouts = _Counter(
+            "quoteflow_deadline_timeouts",
+            "Suppliers still working when the request's deadline came.",
+            ("supplier",),
+        )
+        registry.register(
+            _LoopMetrics(
+                self._requests,
+                self._duration,
+                self._slot_wait,
+                self._attempts,
+                self._retries,
+                self._refusals,
+                self._disconnects,
+                self._timeouts,
+            )
+        )
+        # Gauges are read from the service and the client at scrape time (``watch``).
         self._inbound = Gauge(
             "quoteflow_inbound_in_flight", "Quote requests being served now.", registry=registry
         )
@@ -84,58 +189,12 @@ class Telemetry:
             "Supplier attempts holding an outbound slot now.",
             registry=registry,
         )
-        self._slot_wait = Histogram(
-            "quoteflow_outbound_slot_wait_seconds",
-            "Time a supplier attempt waited for an outbound slot.",
-            buckets=SLOT_WAIT_BUCKETS,
-            registry=registry,
-        )
-        self._attempts = Counter(
-            "quoteflow_supplier_attempts",
-            "Supplier HTTP attempts by supplier, attempt number and outcome.",
-            ["supplier", "attempt", "outcome"],
-            registry=registry,
-        )
-        self._retries = Counter(
-            "quoteflow_retries",
-            "Second attempts, by supplier and the first attempt's failure.",
-            ["supplier", "reason"],
-            registry=registry,
-        )
-        self._refusals = Counter(
-            "quoteflow_retries_refused",
-            "Second attempts not sent, by supplier and reason.",
-            ["supplier", "reason"],
-            registry=registry,
-        )
         self._retry_tokens = Gauge(
             "quoteflow_retry_budget_tokens",
             "Retries each supplier may still spend now.",
             ["supplier"],
             registry=registry,
         )
-        self._disconnects = Counter(
-            "quoteflow_caller_disconnects",
-            "Requests whose caller went away before the answer; their fan-out was cancelled.",
-            registry=registry,
-        )
-        self._timeouts = Counter(
-            "quoteflow_deadline_timeouts",
-            "Suppliers still working when the request's deadline came.",
-            ["supplier"],
-            registry=registry,
-        )
-
-    def _attempt_counter(self, supplier: str, attempt: int, outcome: str) -> Counter:
-        # labels() takes a lock and builds its key on every call; the set of
-        # (supplier, attempt, outcome) is small, so keep each child once found.
-        key = (supplier, attempt, outcome)
-        child = self._attempt_children.get(key)
-        if child is None:
-            child = self._attempt_children[key] = self._attempts.labels(
-                supplier, str(attempt), outcome
-            )
-        return child
 
     def watch(
         self,
@@ -168,10 +227,10 @@ class Telemetry:
             level = logging.DEBUG if routine else logging.INFO
             last = len(trace.attempts)
             for record in trace.attempts:
-                self._attempt_counter(trace.supplier, record.attempt, record.outcome).inc()
+                self._attempts.inc(trace.supplier, str(record.attempt), record.outcome)
                 self._slot_wait.observe(record.slot_wait)
                 if record.backoff is not None:
-                    self._retries.labels(trace.supplier, record.outcome).inc()
+                    self._retries.inc(trace.supplier, record.outcome)
                 if log.isEnabledFor(level):
                     log_event(
                         log,
@@ -180,10 +239,10 @@ class Telemetry:
                         _attempt_fields(result.request_id, trace, record, deadline, last),
                     )
             if trace.stopped == STOPPED_DEADLINE:
-                self._timeouts.labels(trace.supplier).inc()
+                self._timeouts.inc(trace.supplier)
             elif trace.stopped in RETRY_REFUSALS:
-                self._refusals.labels(trace.supplier, trace.stopped).inc()
-        self._requests.labels(OK).inc()
+                self._refusals.inc(trace.supplier, trace.stopped)
+        self._requests.inc(OK)
         self._duration.observe(result.elapsed_ms / 1000)
         if log.isEnabledFor(logging.INFO):
             fields = {
@@ -220,7 +279,7 @@ class Telemetry:
         event, and at most once a second an info ``capacity_exhausted`` event
         says how many there were since the last one.
         """
-        self._requests.labels(result).inc()
+        self._requests.inc(result)
         if result == BUSY:
             level = logging.DEBUG
             self._busy_unreported += 1

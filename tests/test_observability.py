@@ -310,3 +310,21 @@ def test_json_log_lines_are_one_object_each() -> None:
     parsed = json.loads(line)
     assert parsed["event"] == "supplier_attempt"
     assert (parsed["supplier"], parsed["attempt"], parsed["level"]) == ("boreal", 2, "info")
+
+
+async def test_histograms_are_cumulative_and_add_up(start_quoteflow: StartQuoteFlow) -> None:
+    """Every served request lands in the duration histogram: buckets rise to the count."""
+    client = await start_quoteflow()
+    for _ in range(3):
+        assert (await client.post("/api/quotes", json={})).status == 200
+    text = await (await client.get("/metrics")).text()
+    name = "quoteflow_request_duration_seconds"
+    buckets = [
+        float(value)
+        for value in re.findall(rf'^{name}_bucket{{le="[^"]+"}} (\S+)$', text, re.MULTILINE)
+    ]
+    assert buckets == sorted(buckets)
+    assert buckets[-1] == metric(text, f"{name}_bucket", le="+Inf") == 3
+    assert metric(text, f"{name}_count") == 3
+    assert 0 < metric(text, f"{name}_sum") < 3 * TEST_BUDGET
+    assert metric(text, "quoteflow_outbound_slot_wait_seconds_count") == 9
