@@ -52,6 +52,7 @@ from quoteflow.models import (
     http_failure_code,
 )
 from quoteflow.retry import AttemptTimeEstimate, RetryBudget, retry_after_delay
+from quoteflow.slots import OutboundSlots
 
 TRANSIENT_ERRORS: Final = (
     aiohttp.ClientConnectorError,  # refused or unreachable before a byte was sent
@@ -121,7 +122,6 @@ class _SupplierState:
     def __init__(self, supplier: str, settings: Settings) -> None:
         self.url = URL(settings.provider_url) / "quotes" / supplier
         self._urls: dict[tuple[str, str], URL] = {}
-        self.share = asyncio.Semaphore(settings.supplier_share)
         self.attempt_time = AttemptTimeEstimate(settings.min_attempt_time)
         self.retry_budget = RetryBudget(settings.retry_budget_capacity, settings.retry_budget_earn)
 
@@ -151,14 +151,17 @@ class SupplierClient:
 
     def __init__(self, session: aiohttp.ClientSession, settings: Settings) -> None:
         self._session = session
-        self._slots = asyncio.Semaphore(settings.outbound_limit)
+        self._slots = OutboundSlots(settings.outbound_limit, settings.supplier_share, SUPPLIERS)
         self._suppliers = {supplier: _SupplierState(supplier, settings) for supplier in SUPPLIERS}
         self._attempts = settings.attempts
         self._backoff = (settings.backoff_min, settings.backoff_max)
         self._retry_after_cap = settings.retry_after_cap
         self._max_body = settings.max_supplier_body_bytes
-        self.in_flight = 0
+
+    @property
+    def in_flight(self) -> int:
         """Attempts holding an outbound slot right now."""
+        return self._slots.in_use
 
     def retry_tokens(self, supplier: str) -> float:
         """Retries ``supplier`` may still spend now."""
@@ -221,20 +224,19 @@ class SupplierClient:
         started: float | None = None
         state = self._suppliers[trace.supplier]
         try:
-            # The supplier's share first: waiting for it holds no shared slot.
-            async with state.share, self._slots:
+            # One wait for both the shared slot and room in the supplier's share.
+            await self._slots.acquire(trace.supplier)
+            try:
                 started = time.monotonic()
-                self.in_flight += 1
                 headers = {
                     "X-Request-ID": call.request_id,
                     "X-Attempt": str(attempt),
                     # Measured once the slot is ours: the wait is not the supplier's time.
                     "X-Deadline-Remaining-Ms": str(max(0, int((call.deadline - started) * 1000))),
                 }
-                try:
-                    fetched = await self._fetch(call, headers)
-                finally:
-                    self.in_flight -= 1
+                fetched = await self._fetch(call, headers)
+            finally:
+                self._slots.release(trace.supplier)
         except asyncio.CancelledError:
             # The deadline (or the caller leaving) cut this attempt short. If it
             # was sent, it goes on the bill; one still waiting for a slot never

@@ -20,6 +20,7 @@ LAYERS = [
     "observe",
     "service",
     "supplier",
+    "slots",
     "retry",
     "codec",
     "models",

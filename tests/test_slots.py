@@ -1,0 +1,85 @@
+"""OutboundSlots: the shared limit and the per-supplier share, one wait per attempt."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from quoteflow.slots import OutboundSlots
+
+SUPPLIERS = ("atlas", "boreal", "cedar")
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_the_limit_and_each_share_hold() -> None:
+    slots = OutboundSlots(limit=3, share=2, suppliers=SUPPLIERS)
+    await slots.acquire("boreal")
+    await slots.acquire("boreal")
+    third_boreal = asyncio.create_task(slots.acquire("boreal"))
+    await settle()
+    assert not third_boreal.done()  # boreal is at its share, though a slot is free
+    await slots.acquire("atlas")  # the free slot goes to a supplier with room
+    assert slots.in_use == 3
+    cedar = asyncio.create_task(slots.acquire("cedar"))
+    await settle()
+    assert not cedar.done()  # no slot free at all
+
+    slots.release("atlas")  # boreal waited first, but is at its share: cedar fits
+    await settle()
+    assert cedar.done()
+    assert not third_boreal.done()
+    slots.release("boreal")
+    await settle()
+    assert third_boreal.done()
+    assert (slots.held("boreal"), slots.held("cedar"), slots.in_use) == (2, 1, 3)
+
+
+async def test_waiters_are_served_first_come_first_served() -> None:
+    slots = OutboundSlots(limit=1, share=1, suppliers=SUPPLIERS)
+    await slots.acquire("atlas")
+    order: list[str] = []
+
+    async def wait(supplier: str) -> None:
+        await slots.acquire(supplier)
+        order.append(supplier)
+
+    tasks = [asyncio.create_task(wait(s)) for s in ("cedar", "boreal", "atlas")]
+    await settle()
+    for supplier in ("atlas", "cedar", "boreal"):
+        slots.release(supplier)
+        await settle()
+    await asyncio.gather(*tasks)
+    assert order == ["cedar", "boreal", "atlas"]
+
+
+async def test_a_waiter_cancelled_leaves_the_queue_and_takes_nothing() -> None:
+    slots = OutboundSlots(limit=1, share=1, suppliers=SUPPLIERS)
+    await slots.acquire("atlas")
+    cancelled = asyncio.create_task(slots.acquire("boreal"))
+    later = asyncio.create_task(slots.acquire("cedar"))
+    await settle()
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    slots.release("atlas")
+    await later
+    assert (slots.held("boreal"), slots.held("cedar"), slots.in_use) == (0, 1, 1)
+
+
+async def test_a_slot_handed_to_a_waiter_cancelled_at_once_is_given_back() -> None:
+    slots = OutboundSlots(limit=1, share=1, suppliers=SUPPLIERS)
+    await slots.acquire("atlas")
+    unlucky = asyncio.create_task(slots.acquire("boreal"))
+    await settle()
+    slots.release("atlas")  # hands the slot to boreal...
+    unlucky.cancel()  # ...which is cancelled before it runs again
+    with pytest.raises(asyncio.CancelledError):
+        await unlucky
+    assert slots.in_use == 0
+    assert slots.held("boreal") == 0
+    await asyncio.wait_for(slots.acquire("cedar"), 1)  # the slot is really free
