@@ -27,9 +27,11 @@ from quoteflow.errors import (
 )
 from quoteflow.models import (
     MAX_SUPPLIED_NUMBER,
+    Failure,
     QuoteReport,
     QuoteRequest,
     QuoteResult,
+    RankedQuote,
     SupplierQuote,
 )
 
@@ -166,16 +168,14 @@ def _strict_converter() -> cattrs.Converter:
 # -- inbound requests ----------------------------------------------------------
 
 _requests = _strict_converter()
-_requests.register_structure_hook(
+_structure_request = make_dict_structure_fn(
     QuoteRequest,
-    make_dict_structure_fn(
-        QuoteRequest,
-        _requests,
-        sku=override(struct_hook=_sku),
-        quantity=override(struct_hook=_quantity),
-        scenario=override(struct_hook=_scenario),
-    ),
+    _requests,
+    sku=override(struct_hook=_sku),
+    quantity=override(struct_hook=_quantity),
+    scenario=override(struct_hook=_scenario),
 )
+"""Called directly, not through ``_requests.structure``: no dispatch per request."""
 
 
 def decode_request(body: bytes) -> QuoteRequest:
@@ -193,7 +193,7 @@ def decode_request(body: bytes) -> QuoteRequest:
     if type(obj) is not dict:
         raise InvalidRequest([FieldError((), f"must be a JSON object, not {_json_type(obj)}")])
     try:
-        return _requests.structure(obj, QuoteRequest)
+        return _structure_request(obj, QuoteRequest)
     except ClassValidationError as exc:
         raise InvalidRequest(_field_errors(exc)) from exc
 
@@ -216,15 +216,12 @@ def _field_errors(exc: ClassValidationError) -> list[FieldError]:
 # -- supplier payloads ---------------------------------------------------------
 
 _payloads = _strict_converter()
-_payloads.register_structure_hook(
+_structure_quote = make_dict_structure_fn(
     SupplierQuote,
-    make_dict_structure_fn(
-        SupplierQuote,
-        _payloads,
-        unit_cents=override(struct_hook=_supplied_number),
-        shipping_cents=override(struct_hook=_supplied_number),
-        stock=override(struct_hook=_supplied_number),
-    ),
+    _payloads,
+    unit_cents=override(struct_hook=_supplied_number),
+    shipping_cents=override(struct_hook=_supplied_number),
+    stock=override(struct_hook=_supplied_number),
 )
 
 
@@ -242,7 +239,7 @@ def decode_supplier_quote(body: bytes, *, supplier: str, sku: str) -> SupplierQu
     if type(obj) is not dict:
         raise InvalidSupplierData(f"not a JSON object but {_json_type(obj)}")
     try:
-        quote = _payloads.structure(obj, SupplierQuote)
+        quote = _structure_quote(obj, SupplierQuote)
     except ClassValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(map(str, e.loc)) or '$'}: {e.msg}" for e in _field_errors(exc)
@@ -268,16 +265,18 @@ def to_json(obj: Any) -> bytes:
 
 
 _results = cattrs.Converter()
+_unstructure_quote = _results.get_unstructure_hook(RankedQuote)
+_unstructure_failure = _results.get_unstructure_hook(Failure)
 
 
 def encode_result(result: QuoteResult) -> dict[str, Any]:
     """The contract's JSON shape of a result (``best`` is the first quote or null)."""
-    quotes = [_results.unstructure(quote) for quote in result.quotes]
+    quotes = [_unstructure_quote(quote) for quote in result.quotes]
     return {
         "sku": result.sku,
         "quantity": result.quantity,
         "quotes": quotes,
-        "failures": [_results.unstructure(failure) for failure in result.failures],
+        "failures": [_unstructure_failure(failure) for failure in result.failures],
         "best": quotes[0] if quotes else None,
         "elapsed_ms": round(result.elapsed_ms, 3),
         "request_id": result.request_id,
