@@ -23,20 +23,16 @@ def http_failure_code(status: int) -> str:
     return f"http_{status}"
 
 
-# One validator function per field, not a list of attrs' small ones: a list
-# costs a call per check, and a SupplierQuote is built for every answer.
+# One validator function per field, each a single test on the happy path: a
+# list of attrs' small validators costs a call per check, and a SupplierQuote
+# is built for every supplier answer.
 
 
-def _exact_int(attribute: attrs.Attribute[int], value: int) -> None:
+def _refuse_int(attribute: attrs.Attribute[int], value: object, low: int, high: int) -> None:
     # attrs' instance_of(int) accepts True and False; money and stock never are.
     if type(value) is not int:
         raise TypeError(f"{attribute.name} must be an int, got {type(value).__name__}")
-
-
-def _in_range(attribute: attrs.Attribute[int], value: int, low: int, high: int) -> None:
-    _exact_int(attribute, value)
-    if not low <= value <= high:
-        raise ValueError(f"{attribute.name} must be from {low} to {high}, got {value}")
+    raise ValueError(f"{attribute.name} must be from {low} to {high}, got {value}")
 
 
 MAX_SUPPLIED_NUMBER = 2**53 - 1
@@ -46,11 +42,13 @@ keeps ``total_cents`` (at most 100 units) well inside 64 bits."""
 
 
 def _count(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    _in_range(attribute, value, 0, MAX_SUPPLIED_NUMBER)
+    if type(value) is not int or not 0 <= value <= MAX_SUPPLIED_NUMBER:
+        _refuse_int(attribute, value, 0, MAX_SUPPLIED_NUMBER)
 
 
 def _quantity(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    _in_range(attribute, value, 1, 100)
+    if type(value) is not int or not 1 <= value <= 100:
+        _refuse_int(attribute, value, 1, 100)
 
 
 def _sku(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
