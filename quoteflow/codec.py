@@ -74,10 +74,16 @@ def _loads(body: bytes) -> Any:
     Raises ``_UnusableJSON`` for valid JSON no model can hold, and
     ``ValueError`` for anything that is not JSON.
     """
+    # raw_decode on text stripped of JSON's own whitespace (RFC 8259: space,
+    # tab, LF, CR) is decode() without its two regular-expression scans.
+    text = body.decode("utf-8").strip(" \t\n\r")
     try:
-        return _decoder.decode(body.decode("utf-8"))
+        obj, end = _decoder.raw_decode(text)
     except RecursionError as exc:
         raise _UnusableJSON("JSON nested too deeply") from exc
+    if end != len(text):
+        raise ValueError("extra data after the JSON value")
+    return obj
 
 
 # -- strict primitive hooks ----------------------------------------------------

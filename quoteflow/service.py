@@ -101,11 +101,7 @@ class QuoteService:
         # encoding and sending the answer fit inside it too.
         deadline = admitted_at + self._budget - self._answer_reserve
         traces = tuple(SupplierTrace(supplier) for supplier in SUPPLIERS)
-        outcomes: dict[str, SupplierQuote | Failure] = {}
-
-        async def ask(trace: SupplierTrace) -> None:
-            outcome = await self._gateway.quote(trace, request, request_id, deadline)
-            outcomes[trace.supplier] = outcome
+        asked: list[asyncio.Task[SupplierQuote | Failure]] = []
 
         # The deadline wraps the whole fan-out, never one attempt: a retry
         # cannot win itself a fresh timer, and no inner handler can swallow it.
@@ -115,13 +111,19 @@ class QuoteService:
         try:
             async with scope, asyncio.TaskGroup() as group:
                 for trace in traces:
-                    group.create_task(ask(trace))
+                    gateway_call = self._gateway.quote(trace, request, request_id, deadline)
+                    asked.append(group.create_task(gateway_call))
         except TimeoutError:
             if not scope.expired():
                 raise
-        for trace in traces:
-            if trace.supplier not in outcomes:
+        # A supplier call either finished or was cancelled by the deadline: a
+        # bug in one would have left the TaskGroup as an exception, not here.
+        outcomes: dict[str, SupplierQuote | Failure] = {}
+        for trace, task in zip(traces, asked, strict=True):
+            if task.cancelled():
                 trace.stopped = STOPPED_DEADLINE
+            else:
+                outcomes[trace.supplier] = task.result()
         result = _rank(request, request_id, outcomes, (time.monotonic() - admitted_at) * 1000)
         return QuoteReport(
             result=result,
