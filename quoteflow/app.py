@@ -84,7 +84,9 @@ def _supplier_session(
         timeout = aiohttp.ClientTimeout(
             total=None,  # a total timeout can eat the request deadline's cancellation
             sock_connect=settings.connect_timeout,
-            sock_read=settings.read_timeout,
+            # A read timeout at or past the budget can never fire before the
+            # deadline does: then no timer, instead of one re-armed per read.
+            sock_read=settings.read_timeout if settings.read_timeout < settings.budget else None,
         )
         async with aiohttp.ClientSession(
             connector=connector,
