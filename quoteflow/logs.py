@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 import orjson
+from aiohttp.web import RequestPayloadError
 
 _FIELDS = "fields"
 
@@ -140,6 +141,33 @@ class BatchingStreamHandler(logging.StreamHandler[TextIO]):
         super().close()
 
 
+class CallerBodyErrors(logging.Filter):
+    """aiohttp's "Unhandled exception" for a request body that cannot be decoded, as info.
+
+    QuoteFlow answers such a body with a 400 (bad gzip, broken chunking). After
+    the answer, aiohttp drains what is left of the body, meets the same error
+    again and logs it at ERROR with a traceback: a caller could fill the error
+    log with its own mistakes. The record becomes one ``caller_body_error``
+    event at info. Any other exception aiohttp logs is left as it is.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, RequestPayloadError):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.exc_info = record.exc_text = None
+            record.event = "caller_body_error"
+            record.fields = {"error": str(error.__cause__ or error)}
+        return True
+
+
+def quiet_caller_body_errors() -> None:
+    """Install ``CallerBodyErrors`` on aiohttp's server logger, once."""
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, CallerBodyErrors) for f in server_log.filters):
+        server_log.addFilter(CallerBodyErrors())
+
+
 def configure(level: str, fmt: str) -> None:
     """Send every log record to stderr as JSON lines (``json``) or readable text (``text``)."""
     handler = BatchingStreamHandler(sys.stderr)
@@ -151,6 +179,7 @@ def configure(level: str, fmt: str) -> None:
     root.setLevel(level.upper())
     # aiohttp's access log would duplicate our own request event.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    quiet_caller_body_errors()
     # What no event of ours uses, per the logging HOWTO's "Optimization"
     # table: no caller lookup (a stack walk per record), thread or process.
     logging._srcfile = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import logging
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from aiohttp import web
 from quoteflow.app import SUPPLIER_CLIENT
 from quoteflow.cli import ConfigError, parse_settings
 from quoteflow.handlers import SERVICE
+from quoteflow.logs import quiet_caller_body_errors
 from tests.conftest import StartQuoteFlow
 from tests.fakes import FakeSuppliers, delay, hang, payload, status
 from tests.process import quoteflow_process
@@ -63,9 +65,11 @@ async def test_slow_body_is_408_and_holds_no_slot(start_quoteflow: StartQuoteFlo
     ],
 )
 async def test_undecodable_request_body_is_400(
-    start_quoteflow: StartQuoteFlow, encoding: str, body: bytes
+    start_quoteflow: StartQuoteFlow, encoding: str, body: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A Content-Encoding that does not decode is the caller's error (400), not ours (500)."""
+    quiet_caller_body_errors()  # as the command line's logging setup does
+    caplog.set_level(logging.INFO)
     client = await start_quoteflow()
     assert client.port is not None
     head = (
@@ -79,6 +83,9 @@ async def test_undecodable_request_body_is_400(
     assert b'"error":"invalid_json"' in answer
     text = await (await client.get("/metrics")).text()
     assert metric(text, "quoteflow_requests_total", result="error") == 0
+    # aiohttp meets the broken body again when it drains it: not an error of ours.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert "caller_body_error" in [getattr(r, "event", None) for r in caplog.records]
 
 
 async def test_gzipped_request_body_is_accepted(start_quoteflow: StartQuoteFlow) -> None:
