@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 import orjson
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web import RequestPayloadError
 
 _FIELDS = "fields"
@@ -141,31 +142,39 @@ class BatchingStreamHandler(logging.StreamHandler[TextIO]):
         super().close()
 
 
-class CallerBodyErrors(logging.Filter):
-    """aiohttp's "Unhandled exception" for a request body that cannot be decoded, as info.
+class CallerMistakes(logging.Filter):
+    """aiohttp's ERROR records for what a caller sent wrong, as one info event each.
 
-    QuoteFlow answers such a body with a 400 (bad gzip, broken chunking). After
-    the answer, aiohttp drains what is left of the body, meets the same error
-    again and logs it at ERROR with a traceback: a caller could fill the error
-    log with its own mistakes. The record becomes one ``caller_body_error``
-    event at info. Any other exception aiohttp logs is left as it is.
+    A request aiohttp cannot parse as HTTP (a bad ``Content-Length``, an
+    over-long header line) is answered 400 by aiohttp itself and logged as
+    "Error handling request" at ERROR with a traceback. A body QuoteFlow has
+    answered 400 because it does not decode (bad gzip, broken chunking) is
+    met again when aiohttp drains it, and logged as "Unhandled exception".
+    Either way any caller could fill the error log with its own mistakes, so
+    those records become ``caller_bad_http`` / ``caller_body_error`` events
+    at info. Every other exception aiohttp logs is left as it is.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
         if isinstance(error, RequestPayloadError):
-            record.levelno, record.levelname = logging.INFO, "INFO"
-            record.exc_info = record.exc_text = None
-            record.event = "caller_body_error"
-            record.fields = {"error": str(error.__cause__ or error)}
+            event = "caller_body_error"
+        elif isinstance(error, HttpProcessingError) and record.levelno >= logging.ERROR:
+            event = "caller_bad_http"
+        else:
+            return True
+        record.levelno, record.levelname = logging.INFO, "INFO"
+        record.exc_info = record.exc_text = None
+        record.event = event
+        record.fields = {"error": str(error.__cause__ or error).strip()}
         return True
 
 
-def quiet_caller_body_errors() -> None:
-    """Install ``CallerBodyErrors`` on aiohttp's server logger, once."""
+def quiet_caller_mistakes() -> None:
+    """Install ``CallerMistakes`` on aiohttp's server logger, once."""
     server_log = logging.getLogger("aiohttp.server")
-    if not any(isinstance(f, CallerBodyErrors) for f in server_log.filters):
-        server_log.addFilter(CallerBodyErrors())
+    if not any(isinstance(f, CallerMistakes) for f in server_log.filters):
+        server_log.addFilter(CallerMistakes())
 
 
 def configure(level: str, fmt: str) -> None:
@@ -179,7 +188,7 @@ def configure(level: str, fmt: str) -> None:
     root.setLevel(level.upper())
     # aiohttp's access log would duplicate our own request event.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    quiet_caller_body_errors()
+    quiet_caller_mistakes()
     # What no event of ours uses, per the logging HOWTO's "Optimization"
     # table: no caller lookup (a stack walk per record), thread or process.
     logging._srcfile = None

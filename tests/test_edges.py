@@ -18,7 +18,7 @@ from aiohttp import web
 from quoteflow.app import SUPPLIER_CLIENT
 from quoteflow.cli import ConfigError, parse_settings
 from quoteflow.handlers import SERVICE
-from quoteflow.logs import quiet_caller_body_errors
+from quoteflow.logs import quiet_caller_mistakes
 from tests.conftest import StartQuoteFlow
 from tests.fakes import FakeSuppliers, delay, hang, payload, status
 from tests.process import quoteflow_process
@@ -68,7 +68,7 @@ async def test_undecodable_request_body_is_400(
     start_quoteflow: StartQuoteFlow, encoding: str, body: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A Content-Encoding that does not decode is the caller's error (400), not ours (500)."""
-    quiet_caller_body_errors()  # as the command line's logging setup does
+    quiet_caller_mistakes()  # as the command line's logging setup does
     caplog.set_level(logging.INFO)
     client = await start_quoteflow()
     assert client.port is not None
@@ -249,3 +249,26 @@ async def test_each_sku_and_scenario_reaches_the_supplier_as_asked(
     seen = [(r.query["sku"], r.query["scenario"]) for r in suppliers.of("atlas")]
     assert seen == asked
     assert all(set(r.query) == {"sku", "scenario"} for r in suppliers.received)
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"POST /api/quotes HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}",
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 9000 + b"\r\n\r\n",
+    ],
+    ids=["bad Content-Length", "header line too long"],
+)
+async def test_a_request_that_is_not_valid_http_is_400_and_not_our_error(
+    start_quoteflow: StartQuoteFlow, head: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiohttp answers what it cannot parse; the log says so at info, not as our error."""
+    quiet_caller_mistakes()  # as the command line's logging setup does
+    caplog.set_level(logging.INFO)
+    client = await start_quoteflow()
+    assert client.port is not None
+    answer = await raw_request(client.port, head, [])
+    assert answer.split(b" ", 2)[1] == b"400"  # aiohttp answers HTTP/1.0 when it cannot parse
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert "caller_bad_http" in [getattr(r, "event", None) for r in caplog.records]
+    assert (await client.get("/health")).status == 200
