@@ -162,6 +162,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             status=503,
             body=_BUSY_BODY,
             content_type="application/json",
+            charset="utf-8",
             headers={"Retry-After": "1"},
         )
     except SlowRequestBody:
@@ -222,7 +223,9 @@ def _error(status: int, error: str, **fields: Any) -> web.Response:
 
 
 def _json(body: dict[str, Any], status: int = 200) -> web.Response:
-    return web.Response(body=to_json(body), status=status, content_type="application/json")
+    return web.Response(
+        body=to_json(body), status=status, content_type="application/json", charset="utf-8"
+    )
 
 
 def add_routes(app: web.Application) -> None:

@@ -11,6 +11,7 @@ Tests read ``record.event`` and ``record.fields``; wording never matters.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
 import time
@@ -58,7 +59,10 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         # orjson: one line per served request, so its cost is the request's cost.
-        return orjson.dumps(line, default=str).decode()
+        try:
+            return orjson.dumps(line, default=str).decode()
+        except TypeError:  # e.g. a lone surrogate a caller sent, in an error's text
+            return json.dumps(line, default=str)
 
 
 class TextFormatter(logging.Formatter):
@@ -167,7 +171,8 @@ class CallerMistakes(logging.Filter):
         record.exc_info = record.exc_text = None
         record.event = event
         record.fields = {"error": str(error.__cause__ or error).strip()}
-        return True
+        # The logger checked the level before this filter lowered it.
+        return logging.getLogger(record.name).isEnabledFor(logging.INFO)
 
 
 def quiet_caller_mistakes() -> None:

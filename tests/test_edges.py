@@ -272,3 +272,49 @@ async def test_a_request_that_is_not_valid_http_is_400_and_not_our_error(
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert "caller_bad_http" in [getattr(r, "event", None) for r in caplog.records]
     assert (await client.get("/health")).status == 200
+
+
+async def test_an_unknown_key_that_is_a_lone_surrogate_is_still_422(
+    start_quoteflow: StartQuoteFlow,
+) -> None:
+    """Valid JSON that no UTF-8 encoder takes back as-is still gets the contract's 422 JSON."""
+    client = await start_quoteflow()
+    response = await client.post(
+        "/api/quotes", data=b'{"\\ud800": 1}', headers={"Content-Type": "application/json"}
+    )
+    assert response.status == 422
+    assert response.headers["Content-Type"] == "application/json; charset=utf-8"
+    assert await response.json() == {
+        "error": "invalid_request",
+        "detail": [{"loc": ["\ud800"], "msg": "unknown field"}],
+    }
+
+
+async def test_caller_mistakes_stay_out_of_a_warning_level_log(
+    start_quoteflow: StartQuoteFlow,
+) -> None:
+    """Lowered to info, a caller's malformed request is not written at --log-level warning."""
+    quiet_caller_mistakes()
+    # As the command line sets it up: the root logger at warning, a handler with no level.
+    written: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            written.append(record)
+
+    handler = Keep()
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    try:
+        client = await start_quoteflow()
+        assert client.port is not None
+        head = b"POST /api/quotes HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}"
+        answer = await raw_request(client.port, head, [])
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    assert answer.split(b" ", 2)[1] == b"400"
+    events = [getattr(r, "event", r.getMessage()) for r in written]
+    assert events == ["api_keys_off"]  # the start-up warning, and nothing of the caller's

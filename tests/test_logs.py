@@ -103,3 +103,17 @@ def test_pending_lines_survive_a_closed_loop_and_shutdown(
     asyncio.run(log_one("at_exit"))
     handler.close()  # what logging.shutdown() does at exit
     assert events(stream)[-1] == "at_exit"
+
+
+def test_a_line_orjson_refuses_is_still_written(
+    logged: tuple[logging.Logger, CountingStream, BatchingStreamHandler],
+) -> None:
+    """A lone surrogate (a caller's text, e.g. in an error) falls back to json's escapes."""
+    logger, stream, _ = logged
+    log_event(logger, logging.WARNING, "odd_key", {"key": "\ud800"})
+    assert json.loads(stream.getvalue()) | {"ts": None} == {
+        "ts": None,
+        "level": "warning",
+        "event": "odd_key",
+        "key": "\ud800",
+    }
