@@ -25,6 +25,8 @@ from quoteflow.errors import (
     InvalidSupplierData,
 )
 from quoteflow.models import (
+    MAX_QUANTITY,
+    MAX_SKU_LENGTH,
     MAX_SUPPLIED_NUMBER,
     Failure,
     QuoteReport,
@@ -138,8 +140,8 @@ def _supplied_number(value: Any, _: type) -> int:
 def _sku(value: Any, _: type) -> str:
     if type(value) is not str:
         raise _wrong_type(value, "a string")
-    if not 1 <= len(value) <= 64:
-        raise ValueError(f"must be 1 to 64 characters, got {len(value)}")
+    if not 1 <= len(value) <= MAX_SKU_LENGTH:
+        raise ValueError(f"must be 1 to {MAX_SKU_LENGTH} characters, got {len(value)}")
     if not value.isascii():
         try:
             value.encode("utf-8")
@@ -152,8 +154,8 @@ def _sku(value: Any, _: type) -> str:
 def _quantity(value: Any, _: type) -> int:
     if type(value) is not int:
         raise _wrong_type(value, "an integer")
-    if not 1 <= value <= 100:
-        raise ValueError(f"must be from 1 to 100, got {value}")
+    if not 1 <= value <= MAX_QUANTITY:
+        raise ValueError(f"must be from 1 to {MAX_QUANTITY}, got {value}")
     return value
 
 

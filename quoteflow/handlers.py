@@ -113,11 +113,10 @@ async def quotes(request: web.Request) -> web.Response:
 
 async def _read_body(request: web.Request) -> bytes:
     """The whole inbound body, within its time limit and size cap."""
+    # Small bodies usually arrive with the headers: nothing to wait for, no timer.
+    limit = None if request.content.is_eof() else request.app[BODY_TIMEOUT]
     try:
-        if request.content.is_eof():
-            # Small bodies usually arrive with the headers: nothing to wait for, no timer.
-            return await request.read()
-        async with asyncio.timeout(request.app[BODY_TIMEOUT]):
+        async with asyncio.timeout(limit):
             return await request.read()
     except TimeoutError:
         raise SlowRequestBody from None

@@ -35,6 +35,10 @@ def _refuse_int(attribute: attrs.Attribute[int], value: object, low: int, high: 
     raise ValueError(f"{attribute.name} must be from {low} to {high}, got {value}")
 
 
+MAX_SKU_LENGTH = 64
+MAX_QUANTITY = 100
+"""The bounds of a request; ``codec`` checks the same ones to name each field's error."""
+
 MAX_SUPPLIED_NUMBER = 2**53 - 1
 """The largest price or stock a supplier may send: RFC 8259's interoperable
 integer range, so every caller's JSON reader keeps our figures exact. It also
@@ -47,15 +51,17 @@ def _count(instance: object, attribute: attrs.Attribute[int], value: int) -> Non
 
 
 def _quantity(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if type(value) is not int or not 1 <= value <= 100:
-        _refuse_int(attribute, value, 1, 100)
+    if type(value) is not int or not 1 <= value <= MAX_QUANTITY:
+        _refuse_int(attribute, value, 1, MAX_QUANTITY)
 
 
 def _sku(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
     if type(value) is not str:
         raise TypeError(f"{attribute.name} must be a str, got {type(value).__name__}")
-    if not 1 <= len(value) <= 64:
-        raise ValueError(f"{attribute.name} must be 1 to 64 characters, got {len(value)}")
+    if not 1 <= len(value) <= MAX_SKU_LENGTH:
+        raise ValueError(
+            f"{attribute.name} must be 1 to {MAX_SKU_LENGTH} characters, got {len(value)}"
+        )
 
 
 @attrs.frozen(kw_only=True)
