@@ -1,18 +1,30 @@
-"""The composition root: ``create_app`` wires settings, session, client and service."""
+"""The composition root: ``create_app`` wires settings, session, client and service.
+
+``gunicorn_app`` is the same app for gunicorn's aiohttp workers (fleet mode)::
+
+    gunicorn -c python:quoteflow.gunicorn_conf quoteflow.app:gunicorn_app \
+        --worker-class aiohttp.GunicornUVLoopWebWorker --workers 2 --bind 127.0.0.1:9100
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import sys
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
+import attrs
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from quoteflow import handlers
+from quoteflow import handlers, logs
 from quoteflow.config import Settings
+from quoteflow.hostmetrics import HostTelemetry
 from quoteflow.logs import log_event
 from quoteflow.observe import Telemetry
+from quoteflow.options import ConfigError, metrics_dir, settings_from_environ
 from quoteflow.service import QuoteService, SupplierGateway
 from quoteflow.supplier import SupplierClient
 
@@ -24,11 +36,23 @@ SUPPLIER_CLIENT = web.AppKey("supplier_client", SupplierClient)
 GatewayFactory = Callable[[SupplierClient], SupplierGateway]
 
 
-def create_app(settings: Settings, *, gateway: GatewayFactory | None = None) -> web.Application:
+WORKER_BOOT_ERROR = 3
+"""The exit code gunicorn's master reads as "worker failed to boot": it stops, not respawns."""
+
+
+def create_app(
+    settings: Settings,
+    *,
+    gateway: GatewayFactory | None = None,
+    host_metrics: bool = False,
+) -> web.Application:
     """Build the QuoteFlow app; no I/O happens until it starts.
 
     ``gateway`` wraps the real supplier client — a seam for tests that need a
     supplier call to misbehave in ways no HTTP server can (a bug in our code).
+    ``host_metrics``: ``/metrics`` reports every worker of the host
+    (prometheus-client's multiprocess mode, ``hostmetrics.py``); the request
+    path is the same either way.
     """
     middlewares = [handlers.error_middleware]
     if settings.api_keys is not None:
@@ -41,7 +65,13 @@ def create_app(settings: Settings, *, gateway: GatewayFactory | None = None) -> 
         app[handlers.API_KEYS] = settings.api_keys
     app[handlers.METRICS_NEED_KEY] = settings.metrics_require_key
     app.on_startup.append(_log_api_keys)
-    app[handlers.TELEMETRY] = Telemetry(CollectorRegistry(auto_describe=True))
+    if host_metrics:
+        host = HostTelemetry(CollectorRegistry(auto_describe=True))
+        # Before the session's context: its last flush comes after every request has finished.
+        app.cleanup_ctx.append(host.flushing)
+        app[handlers.TELEMETRY] = host
+    else:
+        app[handlers.TELEMETRY] = Telemetry(CollectorRegistry(auto_describe=True))
     app[handlers.READY] = [True]
     app.on_shutdown.append(_stop_being_ready)
     app.cleanup_ctx.append(_supplier_session(gateway))
@@ -72,6 +102,71 @@ async def _log_api_keys(app: web.Application) -> None:
 async def _stop_being_ready(app: web.Application) -> None:
     # Shutdown has begun: in-flight requests finish, but balancers should stop sending.
     app[handlers.READY][0] = False
+
+
+def begin_draining(app: web.Application) -> None:
+    """Shutdown's first step: ``/ready`` answers 503 while every route still serves."""
+    app[handlers.READY][0] = False
+    log_event(log, logging.INFO, "draining", {"seconds": app[SETTINGS].shutdown_drain})
+
+
+async def gunicorn_app() -> web.AppRunner:
+    """QuoteFlow for one gunicorn aiohttp worker, configured by ``QUOTEFLOW_*`` variables only.
+
+    The same settings as ``python -m quoteflow`` (``options.py``); gunicorn's
+    own options decide where to listen (``gunicorn_conf`` makes
+    ``QUOTEFLOW_HOST``/``QUOTEFLOW_PORT`` its default ``--bind``) and the
+    event loop (the worker class). A bad value prints QuoteFlow's one-line
+    error and exits with gunicorn's boot-error code, so the master stops
+    with "Worker failed to boot." instead of starting workers that would fail
+    the same way. With ``PROMETHEUS_MULTIPROC_DIR`` set, ``/metrics`` reports
+    the whole host.
+    """
+    try:
+        settings = settings_from_environ(os.environ)
+    except ConfigError as exc:
+        print(f"quoteflow: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(WORKER_BOOT_ERROR) from None
+    logs.configure(settings.log_level, settings.log_format, process_ids=True)
+    host_metrics = metrics_dir(os.environ) is not None
+    fields = attrs.asdict(settings)
+    for gunicorns in ("host", "port", "event_loop"):  # gunicorn's options decide these
+        del fields[gunicorns]
+    log_event(
+        log,
+        logging.INFO,
+        "starting",
+        {**fields, "worker_pid": os.getpid(), "host_metrics": host_metrics},
+    )
+    return DrainingRunner(create_app(settings, host_metrics=host_metrics))
+
+
+class DrainingRunner(web.AppRunner):
+    """The runner of a gunicorn worker: it stops the way ``python -m quoteflow`` does.
+
+    gunicorn's aiohttp worker stops its runner with ``cleanup()`` once it has
+    seen SIGTERM (within a second: it checks on its heartbeat). Before the
+    listener closes, ``/ready`` answers 503 for ``shutdown_drain`` seconds
+    while everything else still serves; then aiohttp closes the listener and
+    lets in-flight requests finish, each within its budget.
+    """
+
+    def __init__(self, app: web.Application) -> None:
+        settings = app[SETTINGS]
+        super().__init__(
+            app,
+            access_log=None,
+            # A caller that hangs up stops paying: its fan-out is cancelled at once.
+            handler_cancellation=True,
+            shutdown_timeout=settings.budget + 1.0,
+        )
+
+    async def cleanup(self) -> None:
+        """Drain, then stop as aiohttp does."""
+        if self.server is not None:  # set up and serving
+            begin_draining(self.app)
+            await asyncio.sleep(self.app[SETTINGS].shutdown_drain)
+        await super().cleanup()
 
 
 def _supplier_session(

@@ -1,134 +1,27 @@
-"""Command line and environment → ``Settings``; the only place that reads either."""
+"""``python -m quoteflow``: settings from flags and environment (``options.py``), then serve."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NoReturn
+from collections.abc import Sequence
 
 import attrs
 from aiohttp import web
 
 from quoteflow import logs
-from quoteflow.app import create_app
-from quoteflow.auth import ApiKeys, ApiKeysError
+from quoteflow.app import begin_draining, create_app
 from quoteflow.config import Settings
-from quoteflow.handlers import READY
 from quoteflow.logs import log_event
+from quoteflow.options import ConfigError, parse_settings
+
+__all__ = ["ConfigError", "main", "parse_settings"]
 
 log = logging.getLogger("quoteflow")
-
-
-def _boolean(raw: str) -> bool:
-    """An on/off value: the bare flag, or 1/true/yes/on and 0/false/no/off in the environment."""
-    value = raw.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(raw)
-
-
-# setting name → (environment variable or None, parser, help)
-_OPTIONS: dict[str, tuple[str | None, Callable[[str], Any], str]] = {
-    "host": (None, str, "address to listen on (default 127.0.0.1)"),
-    "port": (None, int, "port to listen on (default 9100)"),
-    "provider_url": ("QUOTEFLOW_PROVIDER_URL", str, "base URL of the suppliers"),
-    "budget": ("QUOTEFLOW_BUDGET", float, "seconds per request, whatever happens (default 0.8)"),
-    "inbound_limit": ("QUOTEFLOW_INBOUND_LIMIT", int, "requests served at once (default 8)"),
-    "outbound_limit": (
-        "QUOTEFLOW_OUTBOUND_LIMIT",
-        int,
-        "supplier attempts in flight at once (default 6)",
-    ),
-    "log_level": ("QUOTEFLOW_LOG_LEVEL", str, "debug, info, warning or error (default info)"),
-    "log_format": ("QUOTEFLOW_LOG_FORMAT", str, "json (default) or text, on stderr"),
-    "event_loop": (
-        "QUOTEFLOW_EVENT_LOOP",
-        str,
-        "auto (default: uvloop if installed), asyncio, uvloop",
-    ),
-    "supplier_share": (None, int, "outbound slots one supplier may hold (default: limit / 3)"),
-    "min_attempt_time": (None, float, "least budget a second attempt needs, seconds"),
-    "retry_budget_capacity": (None, float, "retries a supplier may spend in a burst (20)"),
-    "retry_budget_earn": (None, float, "share of a retry each request earns (0.1)"),
-    "body_timeout": (None, float, "seconds an inbound body may take to arrive (1.0)"),
-    "shutdown_drain": (None, float, "seconds /ready says 503 before the listener closes (0.5)"),
-    "connect_timeout": (None, float, "socket connect timeout of one attempt, seconds"),
-    "read_timeout": (None, float, "longest silence while reading an answer, seconds"),
-    "max_supplier_body_bytes": (
-        "QUOTEFLOW_MAX_SUPPLIER_BODY",
-        int,
-        "cap on a supplier's decoded body, bytes; past it: invalid_data (default 65536)",
-    ),
-    "api_keys": (
-        "QUOTEFLOW_API_KEYS_FILE",
-        ApiKeys.from_file,
-        "file of bearer keys for /api/quotes, one per line (default: no key needed)",
-    ),
-    "metrics_require_key": (
-        "QUOTEFLOW_METRICS_REQUIRE_KEY",
-        _boolean,
-        "/metrics needs a key too (with --api-keys-file)",
-    ),
-}
-
-_FLAGS = {"max_supplier_body_bytes": "--max-supplier-body", "api_keys": "--api-keys-file"}
-"""Flags whose name is not the setting's own."""
-
-
-class _OneLineErrors(argparse.ArgumentParser):
-    """argparse, but a bad command line is a ConfigError (one line), not usage and exit."""
-
-    def error(self, message: str) -> NoReturn:
-        raise ConfigError(message)
-
-
-class ConfigError(Exception):
-    """A flag or environment variable has a value QuoteFlow cannot run with."""
-
-
-def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
-    """Build ``Settings`` from flags, then environment variables, then defaults."""
-    parser = _OneLineErrors(prog="quoteflow", description=__doc__)
-    for name, (env, convert, help_text) in _OPTIONS.items():
-        suffix = f" [env {env}]" if env else ""
-        # A switch is a bare flag; every other option takes a value.
-        extra: dict[str, Any] = (
-            {"action": "store_const", "const": "1"} if convert is _boolean else {}
-        )
-        parser.add_argument(_flag(name), dest=name, help=help_text + suffix, **extra)
-    args = parser.parse_args(argv)
-    values: dict[str, Any] = {}
-    for name, (env, convert, _) in _OPTIONS.items():
-        raw = getattr(args, name)
-        source = _flag(name)
-        if raw is None and env is not None and env in environ:
-            raw, source = environ[env], env
-        if raw is None:
-            continue
-        try:
-            values[name] = convert(raw)
-        except ApiKeysError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
-        except ValueError:
-            raise ConfigError(
-                f"{source}: {raw!r} is not a valid {convert.__name__.strip('_')}"
-            ) from None
-    try:
-        return Settings(**values)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def _flag(name: str) -> str:
-    return _FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -196,8 +89,7 @@ async def _run(settings: Settings) -> None:
             loop.add_signal_handler(signum, signalled.set)
         await signalled.wait()
         signalled.clear()
-        app[READY][0] = False
-        log_event(log, logging.INFO, "draining", {"seconds": settings.shutdown_drain})
+        begin_draining(app)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(signalled.wait(), settings.shutdown_drain)
     finally:

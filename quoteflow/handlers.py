@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from quoteflow.auth import ApiKeys
 from quoteflow.codec import decode_request, encode_errors, encode_explain, encode_result, to_json
@@ -74,8 +74,8 @@ async def ready(request: web.Request) -> web.Response:
 
 @_routes.get("/metrics")
 async def metrics(request: web.Request) -> web.Response:
-    """Prometheus text exposition of this app's registry."""
-    body = generate_latest(request.app[TELEMETRY].registry)
+    """Prometheus text exposition of this app's metrics (the host's, under gunicorn)."""
+    body = request.app[TELEMETRY].exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

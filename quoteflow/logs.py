@@ -182,8 +182,13 @@ def quiet_caller_mistakes() -> None:
         server_log.addFilter(CallerMistakes())
 
 
-def configure(level: str, fmt: str) -> None:
-    """Send every log record to stderr as JSON lines (``json``) or readable text (``text``)."""
+def configure(level: str, fmt: str, *, process_ids: bool = False) -> None:
+    """Send every log record to stderr as JSON lines (``json``) or readable text (``text``).
+
+    ``process_ids``: records keep their process id, which gunicorn's own log
+    format prints (in a gunicorn worker its log lines go through the same
+    ``logging`` module).
+    """
     handler = BatchingStreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
@@ -198,5 +203,5 @@ def configure(level: str, fmt: str) -> None:
     # table: no caller lookup (a stack walk per record), thread or process.
     logging._srcfile = None
     logging.logThreads = False
-    logging.logProcesses = False
+    logging.logProcesses = process_ids
     logging.logMultiprocessing = False

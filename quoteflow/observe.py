@@ -14,9 +14,15 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable
+from typing import Literal
 
-from prometheus_client import CollectorRegistry, Gauge
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from quoteflow.config import SUPPLIERS
@@ -63,7 +69,7 @@ RETRY_REFUSALS = (STOPPED_NO_TIME, STOPPED_RETRY_AFTER, STOPPED_RETRY_BUDGET)
 OK, BUSY, INVALID, ERROR = "ok", "busy", "invalid", "error"
 
 
-class _Counter:
+class PlainCounter:
     """A Prometheus counter family updated with no lock.
 
     prometheus_client's own metrics take a lock on every update, and its
@@ -89,8 +95,8 @@ class _Counter:
         return family
 
 
-class _Histogram:
-    """A Prometheus histogram updated with no lock (see ``_Counter``)."""
+class PlainHistogram:
+    """A Prometheus histogram updated with no lock (see ``PlainCounter``)."""
 
     def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]) -> None:
         self.name = name
@@ -114,11 +120,46 @@ class _Histogram:
         )
 
 
-class _LoopMetrics(Collector):
-    """The counters and histograms of one app, read by the registry at scrape time."""
+HostMode = Literal["livesum", "livemax", "livemin", "liveall", "livemostrecent"]
+"""How host-wide metrics combine one gauge's value across live workers."""
 
-    def __init__(self, *metrics: _Counter | _Histogram) -> None:
-        self.metrics = metrics
+
+class PlainGauge:
+    """A gauge whose values are read at scrape time from functions (``Telemetry.watch``).
+
+    ``host_mode`` is how host-wide metrics combine the workers' values
+    (prometheus-client's ``multiprocess_mode``; ``live*`` drops a worker's value
+    when it exits): in-flight counts add up across workers.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labels: tuple[str, ...] = (),
+        host_mode: HostMode = "livesum",
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labels = labels
+        self.host_mode: HostMode = host_mode
+        self.readers: dict[tuple[str, ...], Callable[[], float]] = {}
+
+    def family(self) -> Metric:
+        family = GaugeMetricFamily(self.name, self.documentation, labels=self.labels)
+        for labels, read in self.readers.items():
+            family.add_metric(labels, read())
+        return family
+
+
+PlainMetric = PlainCounter | PlainHistogram | PlainGauge
+
+
+class _LoopMetrics(Collector):
+    """The metrics of one app, read by the registry at scrape time."""
+
+    def __init__(self, metrics: Iterable[PlainMetric]) -> None:
+        self.metrics = tuple(metrics)
 
     def collect(self) -> Iterable[Metric]:
         return [metric.family() for metric in self.metrics]
@@ -131,70 +172,79 @@ class Telemetry:
         self.registry = registry
         self._busy_unreported = 0
         self._busy_reported_at = -math.inf
-        self._requests = _Counter(
+        self._requests = PlainCounter(
             "quoteflow_requests", "Inbound quote requests by result.", ("result",)
         )
-        self._duration = _Histogram(
+        self._duration = PlainHistogram(
             "quoteflow_request_duration_seconds",
             "Time from admission to the answer of served quote requests.",
             DURATION_BUCKETS,
         )
-        self._slot_wait = _Histogram(
+        self._slot_wait = PlainHistogram(
             "quoteflow_outbound_slot_wait_seconds",
             "Time a supplier attempt waited for an outbound slot.",
             SLOT_WAIT_BUCKETS,
         )
-        self._attempts = _Counter(
+        self._attempts = PlainCounter(
             "quoteflow_supplier_attempts",
             "Supplier HTTP attempts by supplier, attempt number and outcome.",
             ("supplier", "attempt", "outcome"),
         )
-        self._retries = _Counter(
+        self._retries = PlainCounter(
             "quoteflow_retries",
             "Second attempts, by supplier and the first attempt's failure.",
             ("supplier", "reason"),
         )
-        self._refusals = _Counter(
+        self._refusals = PlainCounter(
             "quoteflow_retries_refused",
             "Second attempts not sent, by supplier and reason.",
             ("supplier", "reason"),
         )
-        self._disconnects = _Counter(
+        self._disconnects = PlainCounter(
             "quoteflow_caller_disconnects",
             "Requests whose caller went away before the answer; their fan-out was cancelled.",
         )
-        self._timeouts = _Counter(
+        self._timeouts = PlainCounter(
             "quoteflow_deadline_timeouts",
             "Suppliers still working when the request's deadline came.",
             ("supplier",),
         )
-        registry.register(
-            _LoopMetrics(
-                self._requests,
-                self._duration,
-                self._slot_wait,
-                self._attempts,
-                self._retries,
-                self._refusals,
-                self._disconnects,
-                self._timeouts,
-            )
-        )
         # Gauges are read from the service and the client at scrape time (``watch``).
-        self._inbound = Gauge(
-            "quoteflow_inbound_in_flight", "Quote requests being served now.", registry=registry
+        self._inbound = PlainGauge(
+            "quoteflow_inbound_in_flight", "Quote requests being served now."
         )
-        self._outbound = Gauge(
-            "quoteflow_outbound_in_flight",
-            "Supplier attempts holding an outbound slot now.",
-            registry=registry,
+        self._outbound = PlainGauge(
+            "quoteflow_outbound_in_flight", "Supplier attempts holding an outbound slot now."
         )
-        self._retry_tokens = Gauge(
+        self._retry_tokens = PlainGauge(
             "quoteflow_retry_budget_tokens",
             "Retries each supplier may still spend now.",
-            ["supplier"],
-            registry=registry,
+            ("supplier",),
+            host_mode="livesum",  # each worker's own bucket: the host may spend their sum
         )
+        self.metrics: tuple[PlainMetric, ...] = (
+            self._requests,
+            self._duration,
+            self._slot_wait,
+            self._attempts,
+            self._retries,
+            self._refusals,
+            self._disconnects,
+            self._timeouts,
+            self._inbound,
+            self._outbound,
+            self._retry_tokens,
+        )
+        """Every metric of the app, in exposition order."""
+        self.register()
+
+    def register(self) -> None:
+        """Make ``registry`` read this app's metrics at scrape time."""
+        self.registry.register(_LoopMetrics(self.metrics))
+
+    def exposition(self) -> bytes:
+        """The Prometheus text exposition of ``registry`` (what ``/metrics`` answers)."""
+        return generate_latest(self.registry)
 
     def watch(
         self,
@@ -203,12 +253,10 @@ class Telemetry:
         retry_tokens: Callable[[str], float],
     ) -> None:
         """Read the gauges from the service and the client at scrape time."""
-        self._inbound.set_function(inbound)
-        self._outbound.set_function(outbound)
+        self._inbound.readers[()] = inbound
+        self._outbound.readers[()] = outbound
         for supplier in SUPPLIERS:
-            self._retry_tokens.labels(supplier).set_function(
-                functools.partial(retry_tokens, supplier)
-            )
+            self._retry_tokens.readers[(supplier,)] = functools.partial(retry_tokens, supplier)
 
     def served(self, report: QuoteReport) -> None:
         """A request was answered with a result: count it and log its bill.

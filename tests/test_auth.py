@@ -12,9 +12,9 @@ import attrs
 import pytest
 
 from quoteflow.auth import ApiKeys, ApiKeysError
-from quoteflow.cli import ConfigError, parse_settings
 from quoteflow.config import Settings
 from quoteflow.logs import JsonFormatter
+from quoteflow.options import ConfigError, parse_settings
 from tests.conftest import StartQuoteFlow
 from tests.fakes import FakeSuppliers
 

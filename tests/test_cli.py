@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from quoteflow.cli import ConfigError, parse_settings
 from quoteflow.config import Settings
+from quoteflow.options import ConfigError, env_names, parse_settings
 
 
 def test_defaults_are_the_contracts() -> None:
@@ -65,3 +65,65 @@ def test_bad_value_stops_start_up_with_one_line() -> None:
     assert done.stderr.strip().splitlines() == [
         "quoteflow: error: --budget: 'soon' is not a valid float"
     ]
+
+
+def test_every_flag_has_its_environment_variable() -> None:
+    """Each flag's variable is QUOTEFLOW_ and the flag's name; the older names are kept."""
+    names = env_names()
+    assert len(names) == len(set(names))
+    for kept in (
+        "QUOTEFLOW_PROVIDER_URL",
+        "QUOTEFLOW_BUDGET",
+        "QUOTEFLOW_INBOUND_LIMIT",
+        "QUOTEFLOW_OUTBOUND_LIMIT",
+        "QUOTEFLOW_LOG_LEVEL",
+        "QUOTEFLOW_MAX_SUPPLIER_BODY",
+        "QUOTEFLOW_API_KEYS_FILE",
+        "QUOTEFLOW_METRICS_REQUIRE_KEY",
+    ):
+        assert kept in names
+    for flag in ("--shutdown-drain", "--supplier-share", "--read-timeout", "--port"):
+        assert "QUOTEFLOW_" + flag[2:].upper().replace("-", "_") in names
+
+
+def test_variables_of_the_former_flag_only_settings_are_read() -> None:
+    """Settings that had only a flag now come from the environment too."""
+    settings = parse_settings(
+        [],
+        {
+            "QUOTEFLOW_SHUTDOWN_DRAIN": "2.5",
+            "QUOTEFLOW_SUPPLIER_SHARE": "3",
+            "QUOTEFLOW_READ_TIMEOUT": "0.4",
+            "QUOTEFLOW_RETRY_BUDGET_EARN": "0.25",
+            "QUOTEFLOW_HOST": "0.0.0.0",
+            "QUOTEFLOW_PORT": "9200",
+        },
+    )
+    assert settings.shutdown_drain == 2.5
+    assert settings.supplier_share == 3
+    assert settings.read_timeout == 0.4
+    assert settings.retry_budget_earn == 0.25
+    assert (settings.host, settings.port) == ("0.0.0.0", 9200)
+    assert parse_settings(["--shutdown-drain", "1"], {"QUOTEFLOW_SHUTDOWN_DRAIN": "2"}) == (
+        Settings(shutdown_drain=1.0)
+    )
+
+
+def test_a_bad_variable_is_named_in_the_error() -> None:
+    """The one-line error names the variable a bad value came from."""
+    with pytest.raises(ConfigError, match=r"^QUOTEFLOW_CONNECT_TIMEOUT: 'fast' is not a valid"):
+        parse_settings([], {"QUOTEFLOW_CONNECT_TIMEOUT": "fast"})
+
+
+def test_help_names_every_variable() -> None:
+    """`python -m quoteflow --help` shows each flag's environment variable."""
+    done = subprocess.run(
+        [sys.executable, "-m", "quoteflow", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    text = " ".join(done.stdout.split())  # argparse wraps lines
+    for name in env_names():
+        assert f"[env {name}]" in text

@@ -16,9 +16,9 @@ import pytest
 from aiohttp import web
 
 from quoteflow.app import SUPPLIER_CLIENT
-from quoteflow.cli import ConfigError, parse_settings
 from quoteflow.handlers import SERVICE
 from quoteflow.logs import quiet_caller_mistakes
+from quoteflow.options import ConfigError, parse_settings
 from tests.conftest import StartQuoteFlow
 from tests.fakes import FakeSuppliers, delay, hang, payload, status
 from tests.process import quoteflow_process

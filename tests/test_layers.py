@@ -15,8 +15,11 @@ import quoteflow
 LAYERS = [
     "__main__",
     "cli",
+    "gunicorn_conf",
     "app",
+    "options",
     "handlers",
+    "hostmetrics",
     "observe",
     "service",
     "supplier",

@@ -1,0 +1,153 @@
+"""Flags and ``QUOTEFLOW_*`` environment variables → ``Settings``; the only place that reads them.
+
+Every flag has an environment variable of the same name: ``--read-timeout`` is
+``QUOTEFLOW_READ_TIMEOUT``, ``--api-keys-file`` is ``QUOTEFLOW_API_KEYS_FILE``.
+A flag wins over its variable. ``python -m quoteflow`` reads both (``cli.py``);
+gunicorn's workers have no command line of their own and read the variables
+only (``app.gunicorn_app``). Either way a bad value is one ``ConfigError``
+whose text names the flag or variable it came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NoReturn
+
+from quoteflow.auth import ApiKeys, ApiKeysError
+from quoteflow.config import Settings
+
+ENV_PREFIX = "QUOTEFLOW_"
+
+
+class ConfigError(Exception):
+    """A flag or environment variable has a value QuoteFlow cannot run with."""
+
+
+def _boolean(raw: str) -> bool:
+    """An on/off value: the bare flag, or 1/true/yes/on and 0/false/no/off in the environment."""
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(raw)
+
+
+# setting name → (parser, help); the flag is --<name> unless _FLAGS says otherwise.
+_OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
+    "host": (str, "address to listen on (default 127.0.0.1)"),
+    "port": (int, "port to listen on (default 9100)"),
+    "provider_url": (str, "base URL of the suppliers"),
+    "budget": (float, "seconds per request, whatever happens (default 0.8)"),
+    "inbound_limit": (int, "requests served at once (default 8)"),
+    "outbound_limit": (int, "supplier attempts in flight at once (default 6)"),
+    "log_level": (str, "debug, info, warning or error (default info)"),
+    "log_format": (str, "json (default) or text, on stderr"),
+    "event_loop": (str, "auto (default: uvloop if installed), asyncio, uvloop"),
+    "supplier_share": (int, "outbound slots one supplier may hold (default: limit / 3)"),
+    "min_attempt_time": (float, "least budget a second attempt needs, seconds"),
+    "retry_budget_capacity": (float, "retries a supplier may spend in a burst (20)"),
+    "retry_budget_earn": (float, "share of a retry each request earns (0.1)"),
+    "body_timeout": (float, "seconds an inbound body may take to arrive (1.0)"),
+    "shutdown_drain": (float, "seconds /ready says 503 before the listener closes (0.5)"),
+    "connect_timeout": (float, "socket connect timeout of one attempt, seconds"),
+    "read_timeout": (float, "longest silence while reading an answer, seconds"),
+    "max_supplier_body_bytes": (
+        int,
+        "cap on a supplier's decoded body, bytes; past it: invalid_data (default 65536)",
+    ),
+    "api_keys": (
+        ApiKeys.from_file,
+        "file of bearer keys for /api/quotes, one per line (default: no key needed)",
+    ),
+    "metrics_require_key": (_boolean, "/metrics needs a key too (with --api-keys-file)"),
+}
+
+_FLAGS = {"max_supplier_body_bytes": "--max-supplier-body", "api_keys": "--api-keys-file"}
+"""Flags whose name is not the setting's own."""
+
+
+def flag(name: str) -> str:
+    """The command-line flag of the setting ``name``."""
+    return _FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+def env_name(name: str) -> str:
+    """The environment variable of the setting ``name``: its flag, upper-cased."""
+    return ENV_PREFIX + flag(name).removeprefix("--").upper().replace("-", "_")
+
+
+def env_names() -> list[str]:
+    """Every environment variable QuoteFlow reads, in ``--help`` order."""
+    return [env_name(name) for name in _OPTIONS]
+
+
+class _OneLineErrors(argparse.ArgumentParser):
+    """argparse, but a bad command line is a ConfigError (one line), not usage and exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m quoteflow``; ``--help`` names each flag's variable."""
+    found = _OneLineErrors(
+        prog="quoteflow",
+        description="QuoteFlow: the cheapest supplier quote within one time budget.",
+        epilog="Every flag can also be set by its environment variable; a flag wins.",
+    )
+    for name, (convert, help_text) in _OPTIONS.items():
+        # A switch is a bare flag; every other option takes a value.
+        extra: dict[str, Any] = (
+            {"action": "store_const", "const": "1"} if convert is _boolean else {}
+        )
+        found.add_argument(
+            flag(name), dest=name, help=f"{help_text} [env {env_name(name)}]", **extra
+        )
+    return found
+
+
+def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
+    """Build ``Settings`` from flags, then environment variables, then defaults."""
+    args = parser().parse_args(argv)
+    values: dict[str, Any] = {}
+    for name, (convert, _) in _OPTIONS.items():
+        raw = getattr(args, name)
+        source = flag(name)
+        env = env_name(name)
+        if raw is None and env in environ:
+            raw, source = environ[env], env
+        if raw is None:
+            continue
+        try:
+            values[name] = convert(raw)
+        except ApiKeysError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+        except ValueError:
+            raise ConfigError(
+                f"{source}: {raw!r} is not a valid {convert.__name__.strip('_')}"
+            ) from None
+    try:
+        return Settings(**values)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def settings_from_environ(environ: Mapping[str, str]) -> Settings:
+    """``Settings`` from ``QUOTEFLOW_*`` variables alone (a gunicorn worker has no flags)."""
+    return parse_settings([], environ)
+
+
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+"""prometheus-client's own variable: set, a process writes its metrics to files in it."""
+
+
+def metrics_dir(environ: Mapping[str, str]) -> str | None:
+    """The directory of host-wide metrics files, if prometheus-client's multiprocess mode is on.
+
+    prometheus-client reads the same variable when it is first imported and from
+    then on writes every metric value to a file there; QuoteFlow follows it, so
+    the two never disagree.
+    """
+    return environ.get(METRICS_DIR_ENV) or None
