@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest run lab demo bench bench-quick bench-profile clean
+.PHONY: install test lint typecheck pytest need-redis run fleet lab demo bench bench-quick bench-profile clean
 
 install: $(STAMP)
 
@@ -14,7 +14,7 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-test: lint typecheck pytest
+test: need-redis lint typecheck pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -23,14 +23,35 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+pytest: $(STAMP) need-redis
 	$(BIN)/pytest -q
+
+# The fleet tests and `make fleet` run Debian's redis-server: installed here when
+# we are root with apt (as `make bench` does for wrk); otherwise make stops with
+# the one command to run. A missing redis-server never makes the tests skip here.
+REDIS_INSTALL := apt-get update && apt-get install -y redis-server
+
+need-redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "redis-server not found: running \`$(REDIS_INSTALL)\`"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server \
+	      && command -v redis-server >/dev/null 2>&1; \
+	  else \
+	    echo "redis-server is not installed; install it (as root) with:"; \
+	    echo "    $(REDIS_INSTALL)"; \
+	    exit 1; \
+	  fi; }
 
 lab: $(STAMP)
 	$(BIN)/python -m provider_lab --port 9101
 
 run: $(STAMP)
 	$(BIN)/python -m provider_lab.run_pair --lab-port 9101 --port 9100
+
+# Fleet mode: redis-server (9102), the lab (9101) and 2 gunicorn workers (9100).
+fleet: $(STAMP) need-redis
+	$(BIN)/python -m provider_lab.run_fleet --lab-port 9101 --port 9100 --redis-port 9102
 
 demo: $(STAMP)
 	$(BIN)/python -m provider_lab.demo --service http://127.0.0.1:9100 --lab http://127.0.0.1:9101

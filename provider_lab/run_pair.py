@@ -23,7 +23,7 @@ READY_WITHIN_S: Final = 20.0
 STOP_WITHIN_S: Final = 5.0
 
 
-async def _wait_ready(
+async def wait_ready(
     url: str, process: asyncio.subprocess.Process, session: aiohttp.ClientSession
 ) -> bool:
     """Poll ``url/health`` until it answers 200; ``False`` if the process exits first."""
@@ -38,13 +38,13 @@ async def _wait_ready(
     return False
 
 
-async def _stop(process: asyncio.subprocess.Process) -> None:
-    """SIGTERM, then SIGKILL if it is still there after a few seconds."""
+async def stop_child(process: asyncio.subprocess.Process, within_s: float = STOP_WITHIN_S) -> None:
+    """SIGTERM, then SIGKILL if it is still there after ``within_s`` seconds."""
     if process.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             process.terminate()
         try:
-            await asyncio.wait_for(process.wait(), STOP_WITHIN_S)
+            await asyncio.wait_for(process.wait(), within_s)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
@@ -96,7 +96,7 @@ async def run(host: str, lab_port: int, service_port: int, extra: Sequence[str])
         children.insert(0, service)  # stopped first: it is the lab's client
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as session:
             ready = await asyncio.gather(
-                _wait_ready(lab_url, lab, session), _wait_ready(service_url, service, session)
+                wait_ready(lab_url, lab, session), wait_ready(service_url, service, session)
             )
         if not all(ready):
             names = [
@@ -117,7 +117,7 @@ async def run(host: str, lab_port: int, service_port: int, extra: Sequence[str])
         return 0
     finally:
         for child in children:
-            await _stop(child)
+            await stop_child(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
