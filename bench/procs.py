@@ -14,7 +14,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,22 @@ def cpu_seconds(pid: int) -> float:
     # The command name (field 2) may contain spaces: split after its ')'.
     fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def children(pid: int) -> list[int]:
+    """Live (not zombie) child processes of ``pid``, from ``/proc`` (gunicorn's workers)."""
+    found: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # exited meanwhile
+        state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
+        if int(ppid) == pid and state != "Z":
+            found.append(int(entry.name))
+    return sorted(found)
 
 
 def machine_jiffies() -> tuple[int, int]:
@@ -120,13 +136,16 @@ def start(
     ready_path: str = "/health",
     cwd: Path | None = None,
     ready_timeout: float = 15.0,
+    env: Mapping[str, str] | None = None,
 ) -> Service:
     """Start ``argv`` and wait until ``GET ready_path`` answers 200.
 
     ``QUOTEFLOW_*`` variables of the caller's environment are left out: the
-    benchmark sets QuoteFlow's configuration with flags, and only with flags.
+    benchmark sets QuoteFlow's configuration with flags, and only with flags
+    — or, for gunicorn, which has no QuoteFlow flags, with ``env``.
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QUOTEFLOW_")}
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("QUOTEFLOW_")}
+    env = {**inherited, **(env or {})}
     log_path = log_dir / f"{name}.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(

@@ -6,7 +6,10 @@ workload, sets the lab's latency and drives the two contenders in turn with wrk,
 interleaved A B B A so a noisy neighbour hurts both alike. Every run records
 wrk's counts and per-status latency histograms, the CPU time of the service,
 the lab and wrk itself, and what the lab saw. After each workload a normal
-request must still get all three quotes from both.
+request must still get all three quotes from both. Last, the fleet section
+(``bench/fleet.py``, issue 12): QuoteFlow under gunicorn with 2 workers and
+Redis against the single process, CPU per answered request and Redis commands
+per request.
 
 Output: a table with each target of issue 5 marked met or not met,
 ``bench/results/latest.json`` and PNG plots beside it.
@@ -31,7 +34,7 @@ from typing import Any
 
 import attrs
 
-from bench import report
+from bench import fleet, report
 from bench.procs import (
     BenchError,
     Service,
@@ -105,7 +108,7 @@ def parse_options(argv: Sequence[str]) -> Options:
     if duration < 1 or rounds < 1:
         parser.error("--duration must be at least 1 and --rounds at least 1")
     only = tuple(name for name in args.only.split(",") if name)
-    known = [w.name for w in all_workloads(Limits(), 1)]
+    known = [w.name for w in all_workloads(Limits(), 1)] + ["fleet"]
     if unknown := [name for name in only if name not in known]:
         parser.error(f"unknown workload {', '.join(unknown)}; choose from {', '.join(known)}")
     return Options(
@@ -509,6 +512,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench.warm_up()
         for workload in workloads:
             results["workloads"][workload.name] = bench.run_workload(workload)
+        if not options.only or "fleet" in options.only:
+            results["fleet"] = fleet.run_fleet(bench)
         results["explain"] = bench.explain_bills()
         if options.profile:
             results["profile"] = bench.profile()
@@ -521,6 +526,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         bench.stop_all()
     results["summary"] = report.summarize(results, limits)
+    if "fleet" in results:
+        results["summary"]["fleet"] = fleet.summarize(results["fleet"])
+        results["summary"]["targets"] += fleet.targets(results["summary"]["fleet"])
     results["elapsed_s"] = round(time.monotonic() - began, 1)
     options.out_dir.mkdir(parents=True, exist_ok=True)
     out = options.out_dir / "latest.json"

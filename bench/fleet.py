@@ -1,0 +1,385 @@
+"""The fleet section of ``make bench`` (issue 12): what fleet mode costs per answered request.
+
+Beside the benchmark's single QuoteFlow process (limits in memory), it starts
+a redis-server (persistence off, a port of its own) and QuoteFlow under
+gunicorn with 2 workers and ``QUOTEFLOW_REDIS_URL`` set, with the same limits
+and the same lab. Both are driven in turn at saturate (connections = the
+inbound limit, suppliers answering at once), interleaved A B B A so a noisy
+neighbour hurts both alike. For each run:
+
+- CPU per answered request (200): the single process's own CPU; for the
+  fleet, the gunicorn master's, every worker's and redis-server's together,
+  all from ``/proc``;
+- Redis commands per inbound request (any status), from ``INFO commandstats``
+  before and after the run (the bench's own INFO calls left out).
+
+Target: fleet ÷ single ≤ 1.25, as the median of neighbouring pairs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from bench.procs import (
+    HOST,
+    BenchError,
+    Service,
+    children,
+    cpu_seconds,
+    free_port,
+    http,
+    start,
+    stop,
+)
+from bench.report import Target, _fmt
+from bench.stats import ratio, spread
+from bench.workloads import Workload
+from bench.wrk import run_wrk
+
+if TYPE_CHECKING:
+    from bench.run import Bench
+
+FLEET, SINGLE = "fleet", "single"
+WORKERS = 2
+TARGET = 1.25
+"""Issue 12: fleet CPU per answer at most 1.25 × single-process in-memory mode."""
+REDIS_INSTALL = "apt-get update && apt-get install -y redis-server"
+
+
+def find_redis() -> str:
+    """redis-server's path; installed if we are root on a Debian-like system (like wrk)."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    apt = shutil.which("apt-get")
+    if os.geteuid() == 0 and apt and os.environ.get("BENCH_NO_INSTALL") != "1":
+        print(f"redis-server not found: running `{REDIS_INSTALL}`", flush=True)
+        subprocess.run([apt, "update", "-qq"], check=True)
+        subprocess.run([apt, "install", "-y", "-qq", "redis-server"], check=True)
+        found = shutil.which("redis-server")
+        if found:
+            return found
+    raise BenchError(
+        f"redis-server is not installed; install it (as root) with:\n    {REDIS_INSTALL}"
+    )
+
+
+def redis_call(port: int, *command: str, timeout: float = 5.0) -> bytes:
+    """One command to redis-server over a plain socket; the reply's payload (RESP 2).
+
+    Enough for PING (a status) and INFO (a bulk string); an error reply raises.
+    """
+    frame = f"*{len(command)}\r\n" + "".join(f"${len(c)}\r\n{c}\r\n" for c in command)
+    with socket.create_connection((HOST, port), timeout=timeout) as sock:
+        sock.sendall(frame.encode())
+        reader = sock.makefile("rb")
+        head = reader.readline().rstrip(b"\r\n")
+        if head[:1] == b"-":
+            raise BenchError(f"redis {command[0]}: {head[1:].decode(errors='replace')}")
+        if head[:1] == b"$":
+            return reader.read(int(head[1:]))
+        return head[1:]
+
+
+def command_counts(port: int) -> dict[str, int]:
+    """Calls per Redis command so far (``INFO commandstats``)."""
+    counts: dict[str, int] = {}
+    for line in redis_call(port, "INFO", "commandstats").decode().splitlines():
+        name, _, fields = line.partition(":")
+        if name.startswith("cmdstat_"):
+            stats = dict(field.split("=", 1) for field in fields.split(","))
+            counts[name.removeprefix("cmdstat_")] = int(stats["calls"])
+    return counts
+
+
+def flags_to_env(flags: tuple[str, ...]) -> dict[str, str]:
+    """QuoteFlow flags (``BENCH_QUOTEFLOW_ARGS``) as the ``QUOTEFLOW_*`` variables of a worker."""
+    env: dict[str, str] = {}
+    index = 0
+    while index < len(flags):
+        flag = flags[index]
+        if not flag.startswith("--"):
+            raise BenchError(f"cannot pass {flag!r} to gunicorn's workers as a variable")
+        name, eq, value = flag[2:].partition("=")
+        if not eq:
+            has_value = index + 1 < len(flags) and not flags[index + 1].startswith("--")
+            value = flags[index + 1] if has_value else "1"  # a bare switch is on
+            index += 1 if has_value else 0
+        env["QUOTEFLOW_" + name.upper().replace("-", "_")] = value
+        index += 1
+    return env
+
+
+@attrs.define
+class Fleet:
+    """redis-server and the gunicorn master with its workers."""
+
+    redis: Service
+    gunicorn: Service
+
+    @property
+    def url(self) -> str:
+        """Where the fleet answers."""
+        return self.gunicorn.url
+
+    def pids(self) -> dict[str, list[int]]:
+        """Process ids by role."""
+        return {
+            "master": [self.gunicorn.pid],
+            "workers": children(self.gunicorn.pid),
+            "redis": [self.redis.pid],
+        }
+
+    def cpu(self) -> dict[int, float]:
+        """CPU seconds so far of every process of the fleet, by pid."""
+        for service in (self.redis, self.gunicorn):
+            service.cpu()  # raises if one has died
+        return {pid: cpu_seconds(pid) for group in self.pids().values() for pid in group}
+
+    def stop(self) -> None:
+        """gunicorn first (Redis' client), then redis-server."""
+        stop(self.gunicorn, timeout=35)
+        stop(self.redis)
+
+
+def start_fleet(bench: Bench, lab_url: str) -> Fleet:
+    """redis-server, then QuoteFlow under gunicorn with the bench's limits and ``REDIS_URL``."""
+    redis_port = free_port()
+    log_path = bench.log_dir / "redis.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [
+                *(find_redis(), "--bind", HOST, "--port", str(redis_port)),
+                *("--save", "", "--appendonly", "no"),  # nothing on disk
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    redis = Service("redis", redis_port, process, log_path)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            if redis_call(redis_port, "PING", timeout=0.5) == b"PONG":
+                break
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop(redis)
+            raise BenchError(f"redis-server did not start:\n{redis.log_tail()}")
+        time.sleep(0.05)
+    limits = bench.limits
+    env = {
+        "QUOTEFLOW_PROVIDER_URL": lab_url,
+        "QUOTEFLOW_REDIS_URL": f"redis://{HOST}:{redis_port}/0",
+        "QUOTEFLOW_BUDGET": str(limits.budget_s),
+        "QUOTEFLOW_INBOUND_LIMIT": str(limits.inbound),
+        "QUOTEFLOW_OUTBOUND_LIMIT": str(limits.outbound),
+        **flags_to_env(bench.options.quoteflow_args),
+    }
+    port = free_port()
+    try:
+        gunicorn = start(
+            "fleet",
+            [
+                *(sys.executable, "-m", "gunicorn", "-c", "python:quoteflow.gunicorn_conf"),
+                "quoteflow.app:gunicorn_app",
+                *("--worker-class", "aiohttp.GunicornUVLoopWebWorker"),
+                *("--workers", str(WORKERS), "--bind", f"{HOST}:{port}"),
+            ],
+            port,
+            bench.log_dir,
+            env=env,
+        )
+    except BaseException:
+        stop(redis)
+        raise
+    fleet = Fleet(redis, gunicorn)
+    deadline = time.monotonic() + 15
+    while len(fleet.pids()["workers"]) != WORKERS:
+        if time.monotonic() > deadline:
+            fleet.stop()
+            raise BenchError(f"gunicorn did not start {WORKERS} workers:\n{gunicorn.log_tail()}")
+        time.sleep(0.05)
+    return fleet
+
+
+def one_run(
+    bench: Bench, fleet: Fleet, workload: Workload, contender: str, index: int
+) -> dict[str, Any]:
+    """Drive the fleet or the single process once; CPU and Redis commands around it."""
+    single = bench.services["quoteflow"]
+    url = fleet.url if contender == FLEET else single.url
+    bench.settle()
+    bench.reset_lab()
+    commands0 = command_counts(fleet.redis.port)
+    cpu0 = fleet.cpu() if contender == FLEET else {single.pid: single.cpu()}
+    run = run_wrk(
+        bench.wrk,
+        url,
+        connections=workload.connections,
+        duration_s=bench.options.duration_s,
+        scenario=workload.scenario,
+        out_dir=bench.raw_dir,
+        tag=f"fleet-{index}-{contender}",
+    )
+    cpu1 = fleet.cpu() if contender == FLEET else {single.pid: single.cpu()}
+    commands1 = command_counts(fleet.redis.port)
+    if contender == FLEET and set(cpu1) != set(cpu0):
+        raise BenchError(f"a fleet process came or went during the run: {cpu0} → {cpu1}")
+    cpu = {pid: cpu1[pid] - cpu0[pid] for pid in cpu1}
+    redis_cpu = sum(cpu.get(pid, 0.0) for pid in fleet.pids()["redis"]) if contender == FLEET else 0
+    calls = {
+        name: count - commands0.get(name, 0)
+        for name, count in commands1.items()
+        if name != "info" and count != commands0.get(name, 0)
+    }
+    n200 = run.statuses.get(200, 0)
+    total_cpu = sum(cpu.values())
+    return {
+        "contender": contender,
+        "index": index,
+        "duration_s": run.duration_s,
+        "requests": run.requests,
+        "statuses": {str(k): v for k, v in sorted(run.statuses.items())},
+        "rate_200": run.rate(200),
+        "cpu_s": total_cpu,
+        "redis_cpu_s": redis_cpu,
+        "cpu_ms_per_200": 1000 * total_cpu / n200 if n200 else None,
+        "redis_calls": calls,
+        "redis_calls_per_request": sum(calls.values()) / run.requests if run.requests else None,
+    }
+
+
+def run_fleet(bench: Bench) -> dict[str, Any]:
+    """Start the fleet, run every pair of runs, check both still answer, stop the fleet."""
+    limits = bench.limits
+    workload = Workload(
+        "fleet",
+        f"saturate, fleet ({WORKERS} gunicorn workers + redis-server) vs single process",
+        connections=limits.inbound,
+        latency_ms=0,
+        rounds=bench.options.rounds,
+        contenders=(FLEET, SINGLE),
+    )
+    bench.set_latency(0)
+    fleet = start_fleet(bench, bench.lab.url)
+    try:
+        run_wrk(  # warm-up: connections, caches, the workers' first leases
+            bench.wrk,
+            fleet.url,
+            connections=limits.inbound,
+            duration_s=bench.options.warmup_s,
+            scenario="normal",
+            out_dir=bench.raw_dir,
+            tag="warmup-fleet",
+        )
+        runs = []
+        for index, contender in enumerate(workload.order()):
+            record = one_run(bench, fleet, workload, contender, index)
+            print(progress_line(record), flush=True)
+            runs.append(record)
+        bench.settle()
+        answers = http("POST", fleet.url + "/api/quotes", {"sku": "KB-001", "quantity": 1})
+        body = answers[2] if isinstance(answers[2], dict) else {}
+        still = answers[0] == 200 and len(body.get("quotes", [])) == 3
+    finally:
+        fleet.stop()
+    return {"workload": attrs.asdict(workload), "runs": runs, "fleet_still_answers": still}
+
+
+def progress_line(run: dict[str, Any]) -> str:
+    """One line per run, printed as it finishes."""
+    per = run["cpu_ms_per_200"]
+    calls = run["redis_calls_per_request"]
+    return (
+        f"  fleet    {run['contender']:<10}{run['rate_200']:9.1f} 200/s  "
+        f"cpu {'–' if per is None else f'{per:.3f}'} ms per 200  "
+        f"redis {'–' if calls is None else f'{calls:.2f}'} commands per request"
+    )
+
+
+def summarize(section: dict[str, Any]) -> dict[str, Any]:
+    """Medians per contender, and fleet ÷ single per neighbouring pair of runs."""
+    runs = section["runs"]
+    by: dict[str, list[dict[str, Any]]] = {FLEET: [], SINGLE: []}
+    for run in runs:
+        by[run["contender"]].append(run)
+    pairs = []
+    for first, second in zip(runs[0::2], runs[1::2], strict=False):
+        pair = {first["contender"]: first, second["contender"]: second}
+        if FLEET in pair and SINGLE in pair:
+            pairs.append(ratio(pair[FLEET]["cpu_ms_per_200"], pair[SINGLE]["cpu_ms_per_200"]))
+    return {
+        "cpu_ms_per_200": {c: spread(r["cpu_ms_per_200"] for r in by[c]) for c in by},
+        "rate_200": {c: spread(r["rate_200"] for r in by[c]) for c in by},
+        "redis_cpu_share": spread(r["redis_cpu_s"] / r["cpu_s"] for r in by[FLEET] if r["cpu_s"]),
+        "redis_calls_per_request": spread(r["redis_calls_per_request"] for r in by[FLEET]),
+        "cpu_ratio": spread(pairs),
+        "still_answers": section["fleet_still_answers"],
+    }
+
+
+def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The fleet rows of the bench's table (columns: fleet where QuoteFlow is, single beside it)."""
+
+    cpu_ratio = summary["cpu_ratio"]
+    return [
+        attrs.asdict(row)
+        for row in (
+            Target(
+                "fleet",
+                "CPU per 200 (ms): fleet | single",
+                _fmt(summary["cpu_ms_per_200"][FLEET], 3),
+                _fmt(summary["cpu_ms_per_200"][SINGLE], 3),
+                _fmt(cpu_ratio, 2),
+                f"≤ {TARGET} × single (issue 12)",
+                None if cpu_ratio is None else cpu_ratio["median"] <= TARGET,
+            ),
+            Target(
+                "fleet",
+                "throughput (200/s): fleet | single",
+                _fmt(summary["rate_200"][FLEET]),
+                _fmt(summary["rate_200"][SINGLE]),
+                "",
+                "",
+                None,
+            ),
+            Target(
+                "fleet",
+                "Redis commands per inbound request",
+                _fmt(summary["redis_calls_per_request"], 3),
+                "",
+                "",
+                "",
+                None,
+            ),
+            Target(
+                "fleet",
+                "redis-server's share of the fleet's CPU",
+                _fmt(summary["redis_cpu_share"], 1, 100, " %"),
+                "",
+                "",
+                "",
+                None,
+            ),
+            Target(
+                "fleet",
+                "all 3 quotes afterwards",
+                "1/1" if summary["still_answers"] else "0/1",
+                "",
+                "",
+                "all",
+                bool(summary["still_answers"]),
+            ),
+        )
+    ]
