@@ -88,6 +88,22 @@ def children(pid: int) -> set[int]:
     return found
 
 
+def kill(pid: int, within_s: float = 5.0) -> None:
+    """SIGKILL ``pid`` and wait until it is dead (a zombie or gone): it accepts nothing more."""
+    os.kill(pid, signal.SIGKILL)
+    end = time.monotonic() + within_s
+    while True:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return
+        if stat[stat.rindex(")") + 2] == "Z":
+            return
+        if time.monotonic() > end:
+            raise RuntimeError(f"process {pid} survived SIGKILL for {within_s} s")
+        time.sleep(0.01)
+
+
 @attrs.define
 class RedisServer:
     """A redis-server on a free port with persistence off; ``restart`` brings it back empty."""

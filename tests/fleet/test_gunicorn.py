@@ -27,6 +27,7 @@ from tests.fleet.procs import (
     Lab,
     RedisServer,
     gunicorn_argv,
+    kill,
     quoteflow_env,
     start_gunicorn,
 )
@@ -113,11 +114,11 @@ async def test_a_killed_worker_is_replaced_and_its_counts_stay(
     await asyncio.sleep(FLUSH_WAIT_S)
     before = metric(await scrape(session, fleet.url), "quoteflow_requests_total", result="ok")
     first, second = sorted(fleet.workers())
-    os.kill(first, signal.SIGKILL)
+    kill(first)
     assert await post_quotes(session, fleet.url, 20) == [200] * 20  # the other one serves
     replacement = (await asyncio.to_thread(fleet.wait_workers, 2)) - {second}
     await asyncio.sleep(FLUSH_WAIT_S)
-    os.kill(second, signal.SIGKILL)
+    kill(second)
     # Now only the replacement (and maybe the next one, booting) can answer.
     assert await post_quotes(session, fleet.url, 20) == [200] * 20
     workers = await asyncio.to_thread(fleet.wait_workers, 2)
@@ -167,7 +168,7 @@ async def test_sigterm_drains_every_worker_like_a_single_process(
         for status, body, elapsed in await asyncio.gather(*slow):
             assert status == 200
             assert {"supplier": "boreal", "code": "timeout"} in body["failures"]
-            assert elapsed < BUDGET_S + 0.4
+            assert elapsed < BUDGET_S + 0.5
         code = await asyncio.to_thread(own.process.wait, 20)
     finally:
         if own.process.poll() is None:
