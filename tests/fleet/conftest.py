@@ -1,8 +1,8 @@
 """Fleet mode as real processes: redis-server, the provider lab and a 2-worker gunicorn.
 
-Started once per test module and shared by its tests (each test leaves the
-fleet with two booted workers and the lab without faults); stopped at the
-end. A missing redis-server skips these tests, or fails them when ``CI`` is
+Started once for the package and shared by its tests (each test leaves the
+fleet with two booted workers, the lab without faults and Redis running);
+stopped at the end. A missing redis-server skips these tests, or fails them when ``CI`` is
 set (``make test`` installs it first, see the Makefile).
 """
 
@@ -33,7 +33,7 @@ def fleet_settings(redis: RedisServer, lab: Lab, **more: str) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A redis-server on a free port, persistence off."""
     server = RedisServer(tmp_path_factory.mktemp("redis"))
@@ -44,7 +44,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         server.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def lab_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     """The provider lab as a process on a free port."""
     lab = start_lab(tmp_path_factory.mktemp("lab"), "--slow-ms", str(SLOW_MS))
@@ -54,7 +54,7 @@ def lab_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         stop(lab.process)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def fleet(
     tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer, lab_process: Lab
 ) -> Iterator[Gunicorn]:

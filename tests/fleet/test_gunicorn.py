@@ -1,7 +1,7 @@
 """QuoteFlow under gunicorn as real processes: host-wide metrics, workers replaced, drain, refusal.
 
-One 2-worker fleet is shared by the module's tests (``conftest.fleet``); the
-drain test stops a fleet, so it starts its own.
+One 2-worker fleet is shared by the package's tests (``conftest.fleet``);
+the drain test stops a fleet, so it starts its own.
 """
 
 from __future__ import annotations
