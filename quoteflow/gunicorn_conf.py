@@ -11,8 +11,8 @@ Command-line options win over everything here. What it adds to gunicorn:
   the master stops with "Worker failed to boot.", exit 3.)
 - **Defaults from QuoteFlow's settings:** ``bind`` is
   ``QUOTEFLOW_HOST:QUOTEFLOW_PORT`` (127.0.0.1:9100); the worker class is
-  aiohttp's uvloop worker; ``graceful_timeout`` leaves room for the drain and
-  the requests in flight; no control socket (see below).
+  aiohttp's uvloop worker; ``graceful_timeout`` and ``timeout`` leave room
+  for the drain and the requests in flight; no control socket (see below).
 - **Host-wide metrics** (``hostmetrics.py``): prometheus-client's multiprocess
   mode needs ``PROMETHEUS_MULTIPROC_DIR`` set before any worker imports it,
   emptied when the master starts, and a worker's live gauges removed when it
@@ -56,8 +56,10 @@ if _settings is not None:
     bind = [f"{_host}:{_settings.port}"]
     # gunicorn waits this long after SIGTERM before it kills a worker: enough
     # for the drain, the requests in flight (one budget each) and a second of
-    # the worker's own heartbeat; never less than gunicorn's default.
-    graceful_timeout = max(30, int(_settings.shutdown_drain + _settings.budget) + 3)
+    # the worker's own heartbeat; never less than gunicorn's default. A worker
+    # stopping on its own (--max-requests) sends no heartbeat while it drains,
+    # so the heartbeat timeout must cover the same.
+    graceful_timeout = timeout = max(30, int(_settings.shutdown_drain + _settings.budget) + 3)
 
 _own_metrics_dir: str | None = None
 """The temporary directory the master made for metrics files, removed at exit."""
