@@ -47,6 +47,21 @@ _OPTIONS: dict[str, tuple[str | None, Callable[[str], Any], str]] = {
         int,
         "supplier attempts in flight at once (default 6)",
     ),
+    "breaker_failures": (
+        "QUOTEFLOW_BREAKER_FAILURES",
+        int,
+        "failures in a row that open a supplier's circuit; 0: no breaker (default 5)",
+    ),
+    "breaker_open": (
+        "QUOTEFLOW_BREAKER_OPEN",
+        float,
+        "seconds a circuit first stays open before a probe (default 1.0)",
+    ),
+    "breaker_open_max": (
+        "QUOTEFLOW_BREAKER_OPEN_MAX",
+        float,
+        "cap on the open time, which doubles with each failed probe (default 10)",
+    ),
     "log_level": ("QUOTEFLOW_LOG_LEVEL", str, "debug, info, warning or error (default info)"),
     "log_format": ("QUOTEFLOW_LOG_FORMAT", str, "json (default) or text, on stderr"),
     "event_loop": (

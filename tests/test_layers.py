@@ -19,6 +19,7 @@ LAYERS = [
     "handlers",
     "observe",
     "service",
+    "breaker",
     "supplier",
     "slots",
     "retry",

@@ -16,12 +16,14 @@ from tests.e2e.conftest import Pair, free_port, spawn, stop, wait_healthy
 
 @pytest.fixture(scope="module")
 def service(pair: Pair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A fresh QuoteFlow with every default (budget 0.8 s, inbound 8, outbound 6)."""
+    """A fresh QuoteFlow with the defaults (budget 0.8 s, inbound 8, outbound 6), no breaker."""
     log = tmp_path_factory.mktemp("e2e-beyond") / "quoteflow.log"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with log.open("wb") as out:
-        process = spawn(["quoteflow", "--port", str(port), "--provider-url", pair.lab_url], out)
+        # The breaker off: the refinements of the retry loop are the subject here.
+        flags = ["--port", str(port), "--provider-url", pair.lab_url, "--breaker-failures", "0"]
+        process = spawn(["quoteflow", *flags], out)
         try:
             wait_healthy(url, process, log)
             yield url
