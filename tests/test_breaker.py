@@ -27,7 +27,7 @@ from tests.fakes import (
     status,
 )
 from tests.test_decision_table import ask, failure_of, quoted
-from tests.test_limits import gated
+from tests.test_limits import _quoteflow_tasks, gated
 from tests.test_observability import events, metric
 
 FAILURES = 3
@@ -245,6 +245,8 @@ async def test_a_probe_whose_caller_leaves_hands_the_probe_on(
         await asyncio.sleep(0.01)
     assert client.app[SERVICE].in_flight == 0
     assert await circuit(client) == 1
+
+    assert not _quoteflow_tasks()  # the probe's fan-out ended with its caller
 
     suppliers.always("boreal", quote())
     assert quoted(await ask(client)) == ["boreal", "atlas"]
