@@ -60,7 +60,20 @@ def banner(results: dict[str, Any], workloads: Sequence[Workload]) -> str:
         f"{len(workloads)} workloads, {runs} wrk runs of {o['duration_s']:g} s, "
         "speed workloads interleaved A B B A, behaviour workloads A B"
         + (f"; QuoteFlow flags: {' '.join(o['quoteflow_args'])}" if o["quoteflow_args"] else "")
+        + f"\n{loops_line(o)}"
     )
+
+
+def loops_line(options: dict[str, Any]) -> str:
+    """Which event loop each contender ran on, and whether QF/bare is like for like."""
+    loops = options.get("event_loops") or {}
+    qf, bare = loops.get("quoteflow", "?"), loops.get("bare", "?")
+    verdict = (
+        "like for like"
+        if qf == bare
+        else "MIXED loops: QF/bare is not like for like (BENCH_BARE_ARGS chose the bare loop)"
+    )
+    return f"Event loops: QuoteFlow {qf}, bare fan-out {bare} ({verdict})."
 
 
 def progress_line(workload: Workload, run: Run) -> str:
@@ -552,6 +565,7 @@ def table(results: dict[str, Any], limits: Limits) -> str:
         f"Limits: budget {limits.budget_ms:.0f} ms, inbound {limits.inbound}, "
         f"outbound {limits.outbound}."
     )
+    lines.append(loops_line(results["options"]))
     return "\n".join(line.rstrip() for line in lines)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import json
 import os
 import platform
@@ -67,7 +68,7 @@ class Options:
     quoteflow_args: tuple[str, ...]
     """Extra flags for QuoteFlow (``BENCH_QUOTEFLOW_ARGS``), e.g. ``--log-level warning``."""
     bare_args: tuple[str, ...]
-    """Extra flags for the bare fan-out (``BENCH_BARE_ARGS``), e.g. ``--event-loop uvloop``."""
+    """Extra flags for the bare fan-out (``BENCH_BARE_ARGS``), e.g. ``--event-loop asyncio``."""
 
 
 def parse_options(argv: Sequence[str]) -> Options:
@@ -120,6 +121,29 @@ def parse_options(argv: Sequence[str]) -> Options:
         quoteflow_args=tuple(shlex.split(env.get("BENCH_QUOTEFLOW_ARGS", ""))),
         bare_args=tuple(shlex.split(env.get("BENCH_BARE_ARGS", ""))),
     )
+
+
+def event_loops(options: Options) -> dict[str, str]:
+    """The event loop each contender runs on: the bare fan-out follows QuoteFlow's.
+
+    Like for like by default (uvloop for both when installed), so QuoteFlow ÷
+    bare measures QuoteFlow's own cost, not the loops'. An ``--event-loop`` in
+    ``BENCH_BARE_ARGS`` still wins, e.g. ``asyncio`` for the mixed-loop figure.
+    """
+
+    def chosen(args: Sequence[str]) -> str | None:
+        parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+        parser.add_argument("--event-loop")
+        value: str | None = parser.parse_known_args(list(args))[0].event_loop
+        return value
+
+    def resolved(choice: str) -> str:
+        if choice != "auto":
+            return choice
+        return "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+
+    quoteflow = resolved(chosen(options.quoteflow_args) or "auto")
+    return {"quoteflow": quoteflow, "bare": resolved(chosen(options.bare_args) or quoteflow)}
 
 
 def machine() -> dict[str, Any]:
@@ -197,6 +221,7 @@ class Bench:
                 str(bare_port),
                 "--provider-url",
                 lab_url,
+                *("--event-loop", event_loops(self.options)["bare"]),
                 *self.options.bare_args,
             ],
             bare_port,
@@ -531,6 +556,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rounds": options.rounds,
             "quoteflow_args": list(options.quoteflow_args),
             "bare_args": list(options.bare_args),
+            "event_loops": event_loops(options),
         },
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "workloads": {},

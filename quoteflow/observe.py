@@ -258,7 +258,7 @@ class Telemetry:
         ``outcomes`` still names it. Every attempt of a supplier that failed,
         retried or was stopped is logged at info. At the default level that
         is one line per healthy request instead of four — logging was most
-        of QuoteFlow's own CPU cost per request (see the README's benchmark).
+        of QuoteFlow's own CPU cost per request (see docs/benchmark.md).
         """
         result = report.result
         deadline = report.deadline
