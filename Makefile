@@ -56,7 +56,7 @@ fleet: $(STAMP) need-redis
 demo: $(STAMP)
 	$(BIN)/python -m provider_lab.demo --service http://127.0.0.1:9100 --lab http://127.0.0.1:9101
 
-# The benchmark (bench/, README "Benchmark"): needs wrk (apt-get install -y wrk;
+# The benchmark (bench/, docs/benchmark.md): needs wrk (apt-get install -y wrk;
 # installed automatically when run as root with apt) and the bench extra.
 BENCH_STAMP := $(VENV)/.bench-installed
 

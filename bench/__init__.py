@@ -1,1 +1,1 @@
-"""QuoteFlow's benchmark: ``make bench`` (see ``bench/run.py`` and the README)."""
+"""QuoteFlow's benchmark: ``make bench`` (see ``bench/run.py`` and ``docs/benchmark.md``)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -97,21 +98,30 @@ def create_app(provider_url: str) -> web.Application:
     return app
 
 
+def _have_uvloop() -> bool:
+    return importlib.util.find_spec("uvloop") is not None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Serve the bare fan-out until interrupted."""
     parser = argparse.ArgumentParser(prog="python -m bench.bare_fanout", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9200)
     parser.add_argument("--provider-url", default="http://127.0.0.1:9101")
-    parser.add_argument("--event-loop", choices=("asyncio", "uvloop"), default="asyncio")
+    parser.add_argument(
+        "--event-loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default="auto",
+        help="auto (default): uvloop when installed, as QuoteFlow does",
+    )
     args = parser.parse_args(argv)
     loop: asyncio.AbstractEventLoop
-    if args.event_loop == "uvloop":
+    if args.event_loop == "asyncio" or (args.event_loop == "auto" and not _have_uvloop()):
+        loop = asyncio.new_event_loop()
+    else:
         import uvloop
 
         loop = uvloop.new_event_loop()
-    else:
-        loop = asyncio.new_event_loop()
     web.run_app(
         create_app(args.provider_url),
         host=args.host,

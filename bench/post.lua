@@ -6,8 +6,9 @@
 -- Parameters come from the environment (wrk passes no arguments to done()):
 --   BENCH_SCENARIO  normal|slow|broken|malformed|flaky   (default normal)
 --   BENCH_QUANTITY  integer                              (default 2)
+--   BENCH_SKU       the SKU asked for                    (default KB-001)
 --   BENCH_INSPECT   1: also read 200 bodies (boreal quoted or failed, atlas or
---                   cedar failed, elapsed_ms)
+--                   cedar failed, circuit_open answers, elapsed_ms)
 --   BENCH_TIMELINE  1: also count 200s and boreal's quotes per 100 ms slot
 --   BENCH_WRK_OUT   file done() writes its tab-separated results to
 --
@@ -39,7 +40,8 @@ local scenario = os.getenv("BENCH_SCENARIO") or "normal"
 local quantity = os.getenv("BENCH_QUANTITY") or "2"
 local inspect = os.getenv("BENCH_INSPECT") == "1"
 local timeline = os.getenv("BENCH_TIMELINE") == "1"
-local body = '{"sku": "KB-001", "quantity": ' .. quantity .. ', "scenario": "' .. scenario .. '"}'
+local sku = os.getenv("BENCH_SKU") or "KB-001"
+local body = '{"sku": "' .. sku .. '", "quantity": ' .. quantity .. ', "scenario": "' .. scenario .. '"}'
 
 local threads = {}
 local req = nil
@@ -86,6 +88,9 @@ function response(status, headers, resp_body)
     end
     if resp_body:find('"supplier":%s*"boreal",%s*"code"') then
       add("x boreal_failed", 1)
+    end
+    if resp_body:find('"code":%s*"circuit_open"') then
+      add("x circuit_open", 1)
     end
     if resp_body:find('"supplier":%s*"atlas",%s*"code"') or resp_body:find('"supplier":%s*"cedar",%s*"code"') then
       add("x healthy_failed", 1)

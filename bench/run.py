@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import json
 import os
 import platform
@@ -26,6 +27,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -69,7 +71,7 @@ class Options:
     quoteflow_args: tuple[str, ...]
     """Extra flags for QuoteFlow (``BENCH_QUOTEFLOW_ARGS``), e.g. ``--log-level warning``."""
     bare_args: tuple[str, ...]
-    """Extra flags for the bare fan-out (``BENCH_BARE_ARGS``), e.g. ``--event-loop uvloop``."""
+    """Extra flags for the bare fan-out (``BENCH_BARE_ARGS``), e.g. ``--event-loop asyncio``."""
 
 
 def parse_options(argv: Sequence[str]) -> Options:
@@ -122,6 +124,29 @@ def parse_options(argv: Sequence[str]) -> Options:
         quoteflow_args=tuple(shlex.split(env.get("BENCH_QUOTEFLOW_ARGS", ""))),
         bare_args=tuple(shlex.split(env.get("BENCH_BARE_ARGS", ""))),
     )
+
+
+def event_loops(options: Options) -> dict[str, str]:
+    """The event loop each contender runs on: the bare fan-out follows QuoteFlow's.
+
+    Like for like by default (uvloop for both when installed), so QuoteFlow ÷
+    bare measures QuoteFlow's own cost, not the loops'. An ``--event-loop`` in
+    ``BENCH_BARE_ARGS`` still wins, e.g. ``asyncio`` for the mixed-loop figure.
+    """
+
+    def chosen(args: Sequence[str]) -> str | None:
+        parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+        parser.add_argument("--event-loop")
+        value: str | None = parser.parse_known_args(list(args))[0].event_loop
+        return value
+
+    def resolved(choice: str) -> str:
+        if choice != "auto":
+            return choice
+        return "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+
+    quoteflow = resolved(chosen(options.quoteflow_args) or "auto")
+    return {"quoteflow": quoteflow, "bare": resolved(chosen(options.bare_args) or quoteflow)}
 
 
 def machine() -> dict[str, Any]:
@@ -199,6 +224,7 @@ class Bench:
                 str(bare_port),
                 "--provider-url",
                 lab_url,
+                *("--event-loop", event_loops(self.options)["bare"]),
                 *self.options.bare_args,
             ],
             bare_port,
@@ -277,23 +303,29 @@ class Bench:
         self.reset_lab()
         service_cpu, lab_cpu = service.cpu(), self.lab.cpu()
         busy0, total0 = machine_jiffies()
-        run = run_wrk(
-            self.wrk,
-            service.url,
-            connections=workload.connections,
-            duration_s=max(self.options.duration_s, workload.min_duration_s),
-            scenario=workload.scenario,
-            out_dir=self.raw_dir,
-            tag=f"{workload.name}-{index}-{contender}",
-            inspect=workload.inspect,
-            timeline=workload.timeline,
-        )
+        clearing = self._clear_faults_later(workload.fault_cleared_after_s)
+        try:
+            run = run_wrk(
+                self.wrk,
+                service.url,
+                connections=workload.connections,
+                duration_s=max(self.options.duration_s, workload.min_duration_s),
+                scenario=workload.scenario,
+                out_dir=self.raw_dir,
+                tag=f"{workload.name}-{index}-{contender}",
+                sku=workload.sku,
+                inspect=workload.inspect,
+                timeline=workload.timeline,
+            )
+        finally:
+            if clearing is not None:
+                clearing[0].cancel()
         service_cpu = service.cpu() - service_cpu
         lab_cpu = self.lab.cpu() - lab_cpu
         busy1, total1 = machine_jiffies()
         self.settle()
         _, _, lab_stats = http("GET", self.lab.url + "/stats", timeout=30)
-        return _run_record(
+        record = _run_record(
             workload,
             contender,
             index,
@@ -303,15 +335,40 @@ class Bench:
             machine_busy=(busy1 - busy0) / max(1, total1 - total0),
             lab_stats=lab_stats,
         )
+        if clearing is not None and clearing[1] and run.timeline:
+            # wrk's timeline slots are CLOCK_MONOTONIC tenths of a second, as
+            # time.monotonic() is on Linux: the clearing lands on the same axis.
+            cleared_slot = int(clearing[1][0] * 10)
+            record["fault_cleared_t_s"] = round((cleared_slot - min(run.timeline)) / 10, 1)
+        return record
+
+    def _clear_faults_later(
+        self, after_s: float | None
+    ) -> tuple[threading.Timer, list[float]] | None:
+        """Clear the lab's faults ``after_s`` into the run; the timer and when it fired."""
+        if after_s is None:
+            return None
+        fired: list[float] = []
+
+        def clear() -> None:
+            http("DELETE", self.lab.url + "/faults")
+            fired.append(time.monotonic())
+
+        timer = threading.Timer(after_s, clear)
+        timer.start()
+        return timer, fired
 
     def still_answers(self, contender: str) -> dict[str, Any]:
         """A normal request for quantity 1 must get all three quotes (not wedged).
 
         A 503 right after an overload is not a wedge: retry for a few budgets.
+        Nor is a circuit still open after a fault: it closes at the latest one
+        open time (at most the cap) and one probe later.
         """
         self.settle()
         url = self.services[contender].url + "/api/quotes"
-        deadline = time.monotonic() + 5 * self.limits.budget_s
+        limits = self.limits
+        deadline = time.monotonic() + limits.breaker_open_max_s + 5 * limits.budget_s
         while True:
             status, _, body = http("POST", url, {"sku": "KB-001", "quantity": 1})
             quotes = body.get("quotes", []) if isinstance(body, dict) else []
@@ -502,6 +559,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rounds": options.rounds,
             "quoteflow_args": list(options.quoteflow_args),
             "bare_args": list(options.bare_args),
+            "event_loops": event_loops(options),
         },
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "workloads": {},

@@ -1,9 +1,12 @@
-"""The workloads of issues 5 and 7, and the QuoteFlow limits they are sized from.
+"""The workloads of issues 5, 7 and 11, and the QuoteFlow limits they are sized from.
 
 They run in this order, against the same QuoteFlow process throughout: its
-per-supplier retry budget (issue 7) is process-wide state, so ``flaky`` and
-``blips`` run while boreal's bucket is full, ``outage`` then drains it, and
-``comeback`` measures how soon retries pay again right after.
+per-supplier retry budget (issue 7) and circuit breakers (issue 11) are
+process-wide state, so ``flaky`` and ``blips`` run while boreal's bucket is
+full, ``outage`` then drains it, and ``comeback`` measures how soon retries pay
+again right after. After every workload the bench waits until a normal request
+gets all three quotes again, which closes any circuit a workload opened: each
+workload starts with every circuit closed.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ class Limits:
     budget_s: float = 0.8
     inbound: int = 8
     outbound: int = 6
+    breaker_open_max_s: float = 10.0
+    """Longest a circuit stays open: how long a probe may have to wait after a workload."""
 
     @property
     def budget_ms(self) -> float:
@@ -56,6 +61,9 @@ class Workload:
     """A lab fault for boreal for the whole workload (``PUT /faults/boreal``)."""
     min_duration_s: float = 1.0
     """Shortest run that still sees answers (the bare fan-out waits 2 s under ``slow``)."""
+    fault_cleared_after_s: float | None = None
+    """Clear ``fault`` this long into each run (``comeback`` of issue 11); None: never."""
+    sku: str = "KB-001"
 
     def order(self) -> list[str]:
         """Contenders in the order they run, over every block."""
@@ -110,6 +118,65 @@ def all_workloads(limits: Limits, rounds: int) -> tuple[Workload, ...]:
             interleave=False,
             inspect=True,
             fault={"kind": "blip", "probability": 0.05},
+        ),
+        Workload(
+            "latency300",
+            "boreal answers after 300 ms (lab fault latency): slow but healthy, never tripped",
+            connections=full,
+            latency_ms=0,
+            contenders=(QUOTEFLOW,),
+            inspect=True,
+            fault={"kind": "latency", "ms": 300},
+        ),
+        Workload(
+            "unknown_sku",
+            "MS-010, which boreal does not carry (404 every time): never tripped",
+            connections=full,
+            latency_ms=0,
+            contenders=(QUOTEFLOW,),
+            inspect=True,
+            sku="MS-010",
+        ),
+        Workload(
+            "healthy16",
+            "16 connections, every supplier healthy: the baseline of hang",
+            connections=2 * full,
+            latency_ms=0,
+            contenders=(QUOTEFLOW,),
+            inspect=True,
+        ),
+        Workload(
+            "hang",
+            "16 connections, boreal hangs (lab fault hang): its circuit opens",
+            connections=2 * full,
+            latency_ms=0,
+            contenders=(QUOTEFLOW,),
+            inspect=True,
+            fault={"kind": "hang"},
+        ),
+        Workload(
+            "hang_cleared",
+            "boreal hangs until 1.2 s into the run (circuit opened once): how soon it is back",
+            connections=full,
+            latency_ms=0,
+            contenders=(QUOTEFLOW,),
+            inspect=True,
+            timeline=True,
+            fault={"kind": "hang"},
+            fault_cleared_after_s=1.2,
+            min_duration_s=4.0,
+        ),
+        Workload(
+            "outage_cleared",
+            "boreal 503 until 0.6 s into the run (circuit opened once): how soon it is back",
+            connections=full,
+            latency_ms=0,
+            contenders=(QUOTEFLOW,),
+            inspect=True,
+            timeline=True,
+            fault={"kind": "http_503"},
+            fault_cleared_after_s=0.6,
+            min_duration_s=4.0,
         ),
         Workload(
             "outage",

@@ -76,6 +76,7 @@ def run_wrk(
     out_dir: Path,
     tag: str,
     quantity: int = 2,
+    sku: str = "KB-001",
     inspect: bool = False,
     timeline: bool = False,
 ) -> WrkRun:
@@ -86,6 +87,7 @@ def run_wrk(
     env.update(
         BENCH_SCENARIO=scenario,
         BENCH_QUANTITY=str(quantity),
+        BENCH_SKU=sku,
         BENCH_INSPECT="1" if inspect or timeline else "0",
         BENCH_TIMELINE="1" if timeline else "0",
         BENCH_WRK_OUT=str(out_path),

@@ -38,6 +38,11 @@ class Case:
     """Expected requests per supplier (only those named are checked; None: not checked)."""
     retries: tuple[str, ...] = ()
     """Suppliers whose expected outcome needs a retry to be allowed (beyond ``attempts``)."""
+    until_s: float = 0.0
+    """Keep asking (faults on) until the answer is the expected one, for up to this long.
+
+    For the circuit breaker's cases, whose point is what happens across requests.
+    """
 
     def needs_retry(self) -> list[str]:
         """Suppliers that must have a retry in QuoteFlow's retry budget for this case."""
@@ -257,6 +262,27 @@ CASES: Final[Sequence[Case]] = (
     ),
 )
 
+BREAKER_CASES: Final[Sequence[Case]] = (
+    Case(
+        "broken, again and again",
+        "after failures in a row (5 by default) boreal's circuit opens: it is not asked at "
+        "all, and the answer comes as soon as atlas and cedar are done",
+        request={"scenario": "broken"},
+        best="atlas",
+        failures={"boreal": "circuit_open"},
+        attempts={"boreal": 0},
+        until_s=10.0,
+    ),
+    Case(
+        "circuit open, then a probe",
+        "once the open time (1 s at first) has passed, one request probes boreal; its quote "
+        "closes the circuit and boreal is back",
+        attempts={"boreal": 1},
+        until_s=15.0,
+    ),
+)
+"""Shown last, when QuoteFlow's breaker is on: they leave boreal's circuit closed again."""
+
 
 # Why QuoteFlow may send fewer attempts than the decision table allows, on purpose:
 # a retry budget drained by earlier failures of this supplier in the same process,
@@ -324,6 +350,12 @@ async def earn_a_retry(session: aiohttp.ClientSession, service_url: str, supplie
     )
 
 
+async def breaker_on(session: aiohttp.ClientSession, service_url: str) -> bool:
+    """Whether QuoteFlow runs a circuit breaker (it then exports each circuit's state)."""
+    async with session.get(f"{service_url}/metrics") as response:
+        return response.status == 200 and "quoteflow_circuit_state{" in await response.text()
+
+
 async def run_case(
     session: aiohttp.ClientSession, lab: LabControl, service_url: str, case: Case
 ) -> Outcome:
@@ -334,17 +366,30 @@ async def run_case(
         if note := await earn_a_retry(session, service_url, supplier):
             notes.append(note)
             await lab.fresh()
+    if not case.until_s:
+        # One clean answer first: the failures of earlier cases must not add
+        # up to a streak that opens boreal's circuit in the middle of the tour.
+        async with session.post(f"{service_url}/api/quotes", json={}) as response:
+            await response.read()
+        await lab.fresh()
     for supplier, fault in case.faults:
         await lab.add_fault(supplier, fault)
     url = f"{service_url}/api/quotes?explain=1"
-    async with session.post(url, json=dict(case.request)) as response:
-        result: dict[str, Any] = await response.json()
-        status = response.status
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + case.until_s
+    while True:
+        async with session.post(url, json=dict(case.request)) as response:
+            result: dict[str, Any] = await response.json()
+            status = response.status
+        failures = {f["supplier"]: f["code"] for f in result.get("failures", ())}
+        best = result["best"]["supplier"] if result.get("best") else None
+        expected = best == case.best and failures == dict(case.failures)
+        if status != 200 or expected or loop.time() >= give_up:
+            break
+        await asyncio.sleep(0.1)
     await lab.clear_faults()
     if status != 200:
         return Outcome(case, None, {}, {}, "-", 0.0, [f"QuoteFlow answered {status}: {result}"])
-    best = result["best"]["supplier"] if result["best"] else None
-    failures = {f["supplier"]: f["code"] for f in result["failures"]}
     bill = result.get("explain", {}).get("suppliers", {})
     stopped = {s: str(bill.get(s, {}).get("stopped", "?")) for s in SUPPLIERS}
     await lab.wait_idle()
@@ -432,7 +477,12 @@ async def demo(service_url: str, lab_url: str) -> int:
         print(_row(COLUMNS))
         print(_row(["-" * w for w in WIDTHS]))
         outcomes = []
-        for case in CASES:
+        cases = list(CASES)
+        if await breaker_on(session, service_url):
+            cases += BREAKER_CASES
+        else:
+            print("QuoteFlow's circuit breaker is off: its cases are left out.\n")
+        for case in cases:
             outcome = await run_case(session, lab, service_url, case)
             outcomes.append(outcome)
             print("\n".join(format_outcome(outcome)), flush=True)

@@ -20,7 +20,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from quoteflow import handlers, logs
-from quoteflow.config import Settings
+from quoteflow.breaker import Breakers
+from quoteflow.config import SUPPLIERS, Settings
 from quoteflow.hostmetrics import HostTelemetry
 from quoteflow.logs import log_event
 from quoteflow.observe import Telemetry
@@ -196,18 +197,30 @@ def _supplier_session(
             # would become four on the wire. Only this private switch stops it.
             session._retry_connection = False
             client = SupplierClient(session, settings)
+            telemetry = app[handlers.TELEMETRY]
+            breakers = None
+            if settings.breaker_failures:
+                breakers = Breakers(
+                    SUPPLIERS,
+                    failures_to_open=settings.breaker_failures,
+                    open_time=settings.breaker_open,
+                    open_max=settings.breaker_open_max,
+                    listener=telemetry.circuit_moved,
+                )
             service = QuoteService(
                 gateway(client) if gateway else client,
                 budget=settings.budget,
                 inbound_limit=settings.inbound_limit,
                 answer_reserve=settings.answer_reserve,
+                breakers=breakers,
             )
             app[SUPPLIER_CLIENT] = client
             app[handlers.SERVICE] = service
-            app[handlers.TELEMETRY].watch(
+            telemetry.watch(
                 inbound=lambda: service.in_flight,
                 outbound=lambda: client.in_flight,
                 retry_tokens=client.retry_tokens,
+                circuit_state=None if breakers is None else breakers.state,
             )
             yield
 

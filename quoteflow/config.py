@@ -74,6 +74,12 @@ class Settings:
     and a second attempt at a supplier that just stalled for most of the
     budget would only add load. With a longer ``budget`` it catches stalls.
     """
+    breaker_failures: int = attrs.field(default=5, validator=[v.ge(0), v.le(1000)])
+    """Failures in a row that open a supplier's circuit; 0 turns the breaker off."""
+    breaker_open: float = attrs.field(default=1.0, validator=_positive)
+    """Seconds a circuit first stays open before one request probes the supplier."""
+    breaker_open_max: float = attrs.field(default=10.0, validator=_positive)
+    """Cap on the open time, which doubles with every failed probe."""
     log_level: str = attrs.field(
         default="info",
         converter=_lower,
@@ -116,6 +122,11 @@ class Settings:
     def _check_reserve(self, attribute: attrs.Attribute[float], value: float) -> None:
         if value >= self.budget:
             raise ValueError(f"budget must be more than {value} s (the answer's reserve)")
+
+    @breaker_open_max.validator
+    def _check_breaker_open_max(self, attribute: attrs.Attribute[float], value: float) -> None:
+        if value < self.breaker_open:
+            raise ValueError("breaker_open_max must not be below breaker_open")
 
     @backoff_max.validator
     def _check_backoff(self, attribute: attrs.Attribute[float], value: float) -> None:

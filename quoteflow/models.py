@@ -16,6 +16,8 @@ TRANSPORT_ERROR = "transport_error"
 """The connection failed, broke or stalled before a full answer arrived."""
 TIMEOUT = "timeout"
 """The request's deadline came before the supplier gave a final answer."""
+CIRCUIT_OPEN = "circuit_open"
+"""The supplier kept failing: its circuit is open and it was not asked (``breaker.py``)."""
 
 
 def http_failure_code(status: int) -> str:
@@ -147,6 +149,8 @@ STOPPED_RETRY_AFTER = "retry_after"
 """The supplier's Retry-After asked for a wait the budget could not afford."""
 STOPPED_RETRY_BUDGET = "retry_budget"
 """This supplier's recent retries did not pay off; its retry budget is spent."""
+STOPPED_CIRCUIT_OPEN = "circuit_open"
+"""The supplier's circuit is open (or another request is probing it): no attempt."""
 
 
 @attrs.frozen(kw_only=True)

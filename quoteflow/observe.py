@@ -13,7 +13,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Literal
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -25,9 +25,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from quoteflow.breaker import State
 from quoteflow.config import SUPPLIERS
 from quoteflow.logs import log_event
 from quoteflow.models import (
+    STOPPED_CIRCUIT_OPEN,
     STOPPED_DEADLINE,
     STOPPED_NO_TIME,
     STOPPED_RETRY_AFTER,
@@ -64,6 +66,14 @@ DURATION_BUCKETS = (
 SLOT_WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.8)
 
 RETRY_REFUSALS = (STOPPED_NO_TIME, STOPPED_RETRY_AFTER, STOPPED_RETRY_BUDGET)
+
+_CIRCUIT_LABELS = {State.CLOSED: "closed", State.HALF_OPEN: "half_open", State.OPEN: "open"}
+"""The ``to`` label of each state in ``quoteflow_circuit_transitions_total``."""
+_CIRCUIT_EVENTS = {
+    State.CLOSED: "circuit_closed",
+    State.HALF_OPEN: "circuit_half_open",
+    State.OPEN: "circuit_opened",
+}
 
 # Results of an inbound request, as counted in quoteflow_requests_total.
 OK, BUSY, INVALID, ERROR = "ok", "busy", "invalid", "error"
@@ -209,6 +219,16 @@ class Telemetry:
             "Suppliers still working when the request's deadline came.",
             ("supplier",),
         )
+        self._circuit_open = PlainCounter(
+            "quoteflow_circuit_open_answers",
+            "Supplier calls not made because the supplier's circuit was open.",
+            ("supplier",),
+        )
+        self._circuit_moves = PlainCounter(
+            "quoteflow_circuit_transitions",
+            "Circuit breaker transitions, by supplier and the state moved to.",
+            ("supplier", "to"),
+        )
         # Gauges are read from the service and the client at scrape time (``watch``).
         self._inbound = PlainGauge(
             "quoteflow_inbound_in_flight", "Quote requests being served now."
@@ -222,6 +242,12 @@ class Telemetry:
             ("supplier",),
             host_mode="livesum",  # each worker's own bucket: the host may spend their sum
         )
+        self._circuit_state = PlainGauge(
+            "quoteflow_circuit_state",
+            "Each supplier's circuit: 0 closed, 1 half-open, 2 open (absent: breaker off).",
+            ("supplier",),
+            host_mode="livemax",  # each worker has its own breaker: the host shows the worst
+        )
         self.metrics: tuple[PlainMetric, ...] = (
             self._requests,
             self._duration,
@@ -231,9 +257,12 @@ class Telemetry:
             self._refusals,
             self._disconnects,
             self._timeouts,
+            self._circuit_open,
+            self._circuit_moves,
             self._inbound,
             self._outbound,
             self._retry_tokens,
+            self._circuit_state,
         )
         """Every metric of the app, in exposition order."""
         self.register()
@@ -251,12 +280,23 @@ class Telemetry:
         inbound: Callable[[], float],
         outbound: Callable[[], float],
         retry_tokens: Callable[[str], float],
+        circuit_state: Callable[[str], float] | None = None,
     ) -> None:
         """Read the gauges from the service and the client at scrape time."""
         self._inbound.readers[()] = inbound
         self._outbound.readers[()] = outbound
         for supplier in SUPPLIERS:
             self._retry_tokens.readers[(supplier,)] = functools.partial(retry_tokens, supplier)
+            if circuit_state is not None:
+                state = functools.partial(circuit_state, supplier)
+                self._circuit_state.readers[(supplier,)] = state
+
+    def circuit_moved(self, supplier: str, state: State, fields: Mapping[str, object]) -> None:
+        """A supplier's circuit changed state: one event and one count per transition."""
+        self._circuit_moves.inc(supplier, _CIRCUIT_LABELS[state])
+        # Opening is the one an operator must see: a supplier is out.
+        level = logging.WARNING if state is State.OPEN else logging.INFO
+        log_event(log, level, _CIRCUIT_EVENTS[state], {"supplier": supplier, **fields})
 
     def served(self, report: QuoteReport) -> None:
         """A request was answered with a result: count it and log its bill.
@@ -266,7 +306,7 @@ class Telemetry:
         ``outcomes`` still names it. Every attempt of a supplier that failed,
         retried or was stopped is logged at info. At the default level that
         is one line per healthy request instead of four — logging was most
-        of QuoteFlow's own CPU cost per request (see the README's benchmark).
+        of QuoteFlow's own CPU cost per request (see docs/benchmark.md).
         """
         result = report.result
         deadline = report.deadline
@@ -288,6 +328,8 @@ class Telemetry:
                     )
             if trace.stopped == STOPPED_DEADLINE:
                 self._timeouts.inc(trace.supplier)
+            elif trace.stopped == STOPPED_CIRCUIT_OPEN:
+                self._circuit_open.inc(trace.supplier)
             elif trace.stopped in RETRY_REFUSALS:
                 self._refusals.inc(trace.supplier, trace.stopped)
         self._requests.inc(OK)

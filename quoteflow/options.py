@@ -42,6 +42,15 @@ _OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "budget": (float, "seconds per request, whatever happens (default 0.8)"),
     "inbound_limit": (int, "requests served at once (default 8)"),
     "outbound_limit": (int, "supplier attempts in flight at once (default 6)"),
+    "breaker_failures": (
+        int,
+        "failures in a row that open a supplier's circuit; 0: no breaker (default 5)",
+    ),
+    "breaker_open": (float, "seconds a circuit first stays open before a probe (default 1.0)"),
+    "breaker_open_max": (
+        float,
+        "cap on the open time, which doubles with each failed probe (default 10)",
+    ),
     "log_level": (str, "debug, info, warning or error (default info)"),
     "log_format": (str, "json (default) or text, on stderr"),
     "event_loop": (str, "auto (default: uvloop if installed), asyncio, uvloop"),

@@ -11,6 +11,10 @@ module reads as the policy it is. The budget bill of one request:
 Everything a supplier does — waiting for an outbound slot, both attempts and
 the backoff between them — runs under that single deadline. Whatever has
 finished when it comes is kept; every supplier still working is ``timeout``.
+
+Before the fan-out each supplier's circuit breaker (``breaker.py``) is asked;
+a supplier whose circuit is open is not called at all (``circuit_open``), and
+every call's outcome is reported back to its breaker afterwards.
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ import time
 from collections.abc import Iterator
 from typing import Protocol
 
+from quoteflow.breaker import Breakers, Permit, Verdict, verdict
 from quoteflow.config import SUPPLIERS
 from quoteflow.errors import CapacityExhausted
 from quoteflow.models import (
+    CIRCUIT_OPEN,
+    STOPPED_CIRCUIT_OPEN,
     STOPPED_DEADLINE,
     TIMEOUT,
     Failure,
@@ -63,8 +70,11 @@ class QuoteService:
         budget: float,
         inbound_limit: int,
         answer_reserve: float = 0.0,
+        breakers: Breakers | None = None,
     ) -> None:
         self._gateway = gateway
+        self._breakers = breakers
+        """None: every supplier is asked on every request (the breaker is off)."""
         self._budget = budget
         self._inbound_limit = inbound_limit
         self._answer_reserve = answer_reserve
@@ -101,7 +111,9 @@ class QuoteService:
         # encoding and sending the answer fit inside it too.
         deadline = admitted_at + self._budget - self._answer_reserve
         traces = tuple(SupplierTrace(supplier) for supplier in SUPPLIERS)
-        asked: list[asyncio.Task[SupplierQuote | Failure]] = []
+        outcomes: dict[str, SupplierQuote | Failure] = {}
+        asked: list[tuple[SupplierTrace, Permit, asyncio.Task[SupplierQuote | Failure]]] = []
+        judged = False
 
         # The deadline wraps the whole fan-out, never one attempt: a retry
         # cannot win itself a fresh timer, and no inner handler can swallow it.
@@ -109,21 +121,36 @@ class QuoteService:
         # millisecond steps, too coarse for the bill. The timer takes a delay.
         scope = asyncio.timeout(deadline - time.monotonic())
         try:
-            async with scope, asyncio.TaskGroup() as group:
-                for trace in traces:
-                    gateway_call = self._gateway.quote(trace, request, request_id, deadline)
-                    asked.append(group.create_task(gateway_call))
-        except TimeoutError:
-            if not scope.expired():
-                raise
-        # A supplier call either finished or was cancelled by the deadline: a
-        # bug in one would have left the TaskGroup as an exception, not here.
-        outcomes: dict[str, SupplierQuote | Failure] = {}
-        for trace, task in zip(traces, asked, strict=True):
-            if task.cancelled():
-                trace.stopped = STOPPED_DEADLINE
-            else:
-                outcomes[trace.supplier] = task.result()
+            try:
+                async with scope, asyncio.TaskGroup() as group:
+                    for trace in traces:
+                        permit = self._permit(trace.supplier)
+                        if permit is Permit.REFUSED:
+                            # Not asked at all: the answer waits only for the others.
+                            trace.stopped = STOPPED_CIRCUIT_OPEN
+                            outcomes[trace.supplier] = Failure(trace.supplier, CIRCUIT_OPEN)
+                            continue
+                        gateway_call = self._gateway.quote(trace, request, request_id, deadline)
+                        asked.append((trace, permit, group.create_task(gateway_call)))
+            except TimeoutError:
+                if not scope.expired():
+                    raise
+            # A supplier call either finished or was cancelled by the deadline: a
+            # bug in one would have left the TaskGroup as an exception, not here.
+            for trace, permit, task in asked:
+                if task.cancelled():
+                    trace.stopped = STOPPED_DEADLINE
+                    self._judge(trace, permit, None)
+                else:
+                    outcomes[trace.supplier] = outcome = task.result()
+                    self._judge(trace, permit, outcome)
+            judged = True
+        finally:
+            if not judged and self._breakers is not None:
+                # The caller left, or a bug: nothing learned, but a probe must
+                # not stay taken for good.
+                for trace, permit, _ in asked:
+                    self._breakers[trace.supplier].record(permit, Verdict.UNKNOWN)
         result = _rank(request, request_id, outcomes, (time.monotonic() - admitted_at) * 1000)
         return QuoteReport(
             result=result,
@@ -132,6 +159,18 @@ class QuoteService:
             deadline=deadline,
             traces=traces,
         )
+
+    def _permit(self, supplier: str) -> Permit:
+        if self._breakers is None:
+            return Permit.CALL
+        return self._breakers[supplier].permit()
+
+    def _judge(
+        self, trace: SupplierTrace, permit: Permit, outcome: SupplierQuote | Failure | None
+    ) -> None:
+        if self._breakers is not None:
+            sent = bool(trace.attempts)
+            self._breakers[trace.supplier].record(permit, verdict(outcome, sent))
 
 
 def _rank(

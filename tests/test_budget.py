@@ -112,7 +112,11 @@ async def test_nothing_wedges_after_seconds_of_hanging_suppliers(
     suppliers.always("atlas", hang())
     suppliers.always("boreal", big_503)
     suppliers.always("cedar", delay(0.25))
-    client = await start_quoteflow(budget=0.2, inbound_limit=8, outbound_limit=3)
+    # The breaker off: this is about connections and slots coming back at once,
+    # not after an open circuit's wait (tests/test_breaker.py has that).
+    client = await start_quoteflow(
+        budget=0.2, inbound_limit=8, outbound_limit=3, breaker_failures=0
+    )
     loop_until = time.monotonic() + 2.0
     while time.monotonic() < loop_until:
         responses = await asyncio.gather(
@@ -125,3 +129,20 @@ async def test_nothing_wedges_after_seconds_of_hanging_suppliers(
         suppliers.always(supplier, quote())
     result = await ask(client, quantity=1)
     assert quoted(result) == ["cedar", "boreal", "atlas"]
+
+
+async def test_the_fan_out_stops_early_enough_to_answer_within_the_budget(
+    start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
+) -> None:
+    """The fan-out ends ``answer_reserve`` before the budget, so the answer itself fits in it.
+
+    A reserve of 0.1 s of a 0.4 s budget makes the difference far larger than
+    any scheduling noise: a hanging boreal is given up at about 0.3 s, never
+    at the budget's end.
+    """
+    suppliers.always("boreal", hang())
+    client = await start_quoteflow(budget=0.4, answer_reserve=0.1)
+    result = await ask(client)
+    assert failure_of(result, "boreal") == "timeout"
+    assert quoted(result) == ["atlas"]
+    assert 300 <= result["elapsed_ms"] < 360

@@ -22,6 +22,7 @@ LAYERS = [
     "hostmetrics",
     "observe",
     "service",
+    "breaker",
     "supplier",
     "slots",
     "retry",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
@@ -69,16 +70,69 @@ async def test_outbound_limit_is_never_exceeded(
 async def test_backoff_does_not_hold_the_outbound_slot(
     start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
 ) -> None:
-    """With one outbound slot, cedar's attempt runs while boreal backs off."""
-    suppliers.always("atlas", delay(0.02))
+    """With one outbound slot, cedar is sent the moment boreal's 503 is in, not after the backoff.
+
+    Arrival order alone cannot tell the two apart (waiters are served first
+    come, first served either way); time can. The slot freed at once lets
+    cedar, queued since the start, reach its supplier within milliseconds of
+    boreal's 503. A slot kept through the backoff would hold cedar back for
+    the whole 0.3 s of it.
+    """
+    backoff = 0.3
     suppliers.script("boreal", status(503))
-    suppliers.always("cedar", delay(0.02))
-    client = await start_quoteflow(outbound_limit=1, backoff_min=0.1, backoff_max=0.1)
+    client = await start_quoteflow(
+        outbound_limit=1, budget=3.0, backoff_min=backoff, backoff_max=backoff
+    )
     result = await ask(client, quantity=1)
     assert result["failures"] == []
-    first, second = suppliers.of("boreal")
-    cedar = suppliers.of("cedar")[0]
-    assert first.at < cedar.at < second.at
+    atlas, (first, second), cedar = (suppliers.of(s) for s in ("atlas", "boreal", "cedar"))
+    assert atlas[0].at < first.at < cedar[0].at < second.at
+    assert cedar[0].at - first.at < backoff / 2
+    assert second.at - first.at >= backoff
+
+
+async def test_admission_rechecks_the_limit_once_bodies_are_in(
+    start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
+) -> None:
+    """Nine callers pass the early check while their bodies trickle in: eight served, one 503.
+
+    The inbound limit is checked twice: before the body is read (a cheap
+    refusal) and when the slot is taken. Every caller here meets the first
+    check with nobody admitted yet, so only the second one can hold the line.
+    """
+    gate, entered = asyncio.Event(), asyncio.Event()
+    suppliers.always("atlas", gated(gate, entered))
+    client = await start_quoteflow(inbound_limit=8, budget=5.0, body_timeout=5.0)
+    body_complete = asyncio.Event()
+
+    async def trickle() -> AsyncIterator[bytes]:
+        yield b'{"quantity":'
+        await body_complete.wait()
+        yield b" 1}"
+
+    callers = [
+        asyncio.create_task(
+            client.post("/api/quotes", data=trickle(), headers={"Content-Type": "application/json"})
+        )
+        for _ in range(9)
+    ]
+    # Let every caller's headers and first bytes arrive: each handler passes the
+    # early check and then waits for the rest of its body.
+    await asyncio.sleep(0.3)
+    assert client.app[SERVICE].in_flight == 0
+    body_complete.set()
+
+    refused = await next(asyncio.as_completed(callers))
+    assert refused.status == 503
+    assert refused.headers["Retry-After"] == "1"
+    assert await refused.json() == {"error": "capacity_exhausted"}
+    assert client.app[SERVICE].in_flight == 8
+
+    gate.set()
+    statuses = sorted([(await caller).status for caller in callers])
+    assert statuses == [200] * 8 + [503]
+    assert suppliers.count("atlas") == 8
+    assert client.app[SERVICE].in_flight == 0
 
 
 def _quoteflow_tasks() -> list[asyncio.Task[Any]]:

@@ -102,6 +102,11 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
                 str(INBOUND_LIMIT),
                 "--outbound-limit",
                 str(OUTBOUND_LIMIT),
+                # The contract of sections 2–5 exactly, as the black-box suite
+                # runs it: these tests drive one supplier into failure after
+                # failure. tests/e2e/test_e2e_breaker.py runs with the breaker.
+                "--breaker-failures",
+                "0",
             ],
             service_log,
         )

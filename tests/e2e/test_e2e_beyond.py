@@ -16,17 +16,23 @@ from tests.e2e.conftest import Pair, free_port, spawn, stop, wait_healthy
 
 @pytest.fixture(scope="module")
 def service(pair: Pair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A fresh QuoteFlow with every default (budget 0.8 s, inbound 8, outbound 6)."""
+    """A fresh QuoteFlow with the defaults (budget 0.8 s, inbound 8, outbound 6), no breaker."""
     log = tmp_path_factory.mktemp("e2e-beyond") / "quoteflow.log"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with log.open("wb") as out:
-        process = spawn(["quoteflow", "--port", str(port), "--provider-url", pair.lab_url], out)
+        # The breaker off: the refinements of the retry loop are the subject here.
+        flags = ["--port", str(port), "--provider-url", pair.lab_url, "--breaker-failures", "0"]
+        process = spawn(["quoteflow", *flags], out)
         try:
             wait_healthy(url, process, log)
             yield url
         finally:
             assert stop(process) == 0
+
+
+BUDGET_MS = 800
+"""The contract's default budget, which this module's QuoteFlow runs with."""
 
 
 async def post(session: aiohttp.ClientSession, url: str, **body: Any) -> tuple[int, Any]:
@@ -59,7 +65,10 @@ async def test_hanging_boreal_costs_no_healthy_quote(
     for body in served:
         assert [q["supplier"] for q in body["quotes"]] == ["cedar", "atlas"]
         assert body["failures"] == [{"supplier": "boreal", "code": "timeout"}]
-        assert body["elapsed_ms"] <= 800
+        # The contract: the budget plus a few ms. The fan-out itself ends 5 ms
+        # early (its answer reserve, pinned in tests/test_budget.py); the rest
+        # is slack for twelve callers on a shared two-core machine.
+        assert body["elapsed_ms"] <= BUDGET_MS + 25
     await lab.wait_idle()
     assert (await lab.stats())["max_active"] <= 6
 

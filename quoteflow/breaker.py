@@ -1,0 +1,182 @@
+"""Per-supplier circuit breakers: stop asking a supplier that keeps failing.
+
+Under one hard budget a hanging supplier costs every request the whole
+budget, and an outage costs every request a retry and a backoff. The breaker
+remembers across requests what the retry loop cannot, and answers for the
+supplier at once (``circuit_open``) while it is out:
+
+    closed ──N failures in a row──▶ open ──open time passed──▶ half-open
+      ▲                              ▲                            │
+      │                              └──── the probe failed ──────┤ (open time doubles,
+      └──────────── the probe got an answer ──────────────────────┘  up to the cap)
+
+What counts is what the supplier did with the attempts it was sent:
+
+    failure   ``timeout`` (the deadline ran out on an attempt it had been sent),
+              ``transport_error``, a 5xx after the last attempt
+    success   a quote — also one a retry brought: the streak starts again
+    neither   a 4xx (a valid answer about that SKU), ``invalid_data``, a call
+              the caller cancelled, a call that timed out before a single
+              attempt was sent (QuoteFlow's own limits held it back)
+
+In half-open exactly one request at a time probes, under its normal budget
+and rules; every other request gets ``circuit_open`` meanwhile. A probe that
+brings any answer from the supplier (a quote, a 4xx, ``invalid_data``) closes
+the circuit: the supplier is answering again. A failed probe re-opens it for
+twice as long as last time, up to ``open_max``; a probe that ends with neither
+(its caller left, or it never got a slot) hands the probe to the next request.
+
+Open times are jittered down (80–100 % of the nominal time), so that the
+workers of a fleet do not all probe in the same instant, and never past the
+cap. Everything runs on the event loop's thread, with no await between a
+check and its change: no lock.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import Final
+
+import attrs
+
+from quoteflow.models import TIMEOUT, TRANSPORT_ERROR, Failure, SupplierQuote
+
+
+class State(enum.IntEnum):
+    """The breaker's state; the value is what ``quoteflow_circuit_state`` exports."""
+
+    CLOSED = 0
+    HALF_OPEN = 1
+    OPEN = 2
+
+
+class Permit(enum.Enum):
+    """What a request may do with one supplier."""
+
+    CALL = "call"
+    """Closed: ask as usual."""
+    PROBE = "probe"
+    """Half-open: this request alone asks, and its outcome decides."""
+    REFUSED = "refused"
+    """Open, or another request is probing: answer ``circuit_open`` at once."""
+
+
+class Verdict(enum.Enum):
+    """What one finished supplier call says about the supplier's health."""
+
+    SUCCESS = "success"
+    FAILURE = "failure"
+    ANSWERED = "answered"
+    """The supplier answered, but not with a quote (4xx, invalid data)."""
+    UNKNOWN = "unknown"
+    """Nothing learned: cancelled, or never sent."""
+
+
+def verdict(outcome: SupplierQuote | Failure | None, sent: bool) -> Verdict:
+    """Judge one supplier call by its outcome (None: cut off by the deadline)."""
+    if isinstance(outcome, SupplierQuote):
+        return Verdict.SUCCESS
+    code = TIMEOUT if outcome is None else outcome.code
+    if code == TIMEOUT:
+        return Verdict.FAILURE if sent else Verdict.UNKNOWN
+    if code == TRANSPORT_ERROR or code.startswith("http_5"):
+        return Verdict.FAILURE
+    return Verdict.ANSWERED
+
+
+JITTER: Final = (0.8, 1.0)
+"""Each open time is the nominal one times a factor drawn from this range."""
+
+Listener = Callable[[str, State, Mapping[str, object]], None]
+"""Told of every transition: supplier, the new state, the event's fields."""
+
+
+@attrs.define
+class CircuitBreaker:
+    """One supplier's breaker."""
+
+    supplier: str
+    failures_to_open: int
+    open_time: float
+    open_max: float
+    listener: Listener
+    clock: Callable[[], float] = time.monotonic
+    state: State = State.CLOSED
+    streak: int = 0
+    """Failures in a row while closed."""
+    reopens: int = 0
+    """Failed probes in a row: the open time doubles with each."""
+    open_until: float = 0.0
+    probing: bool = False
+
+    def permit(self) -> Permit:
+        """May a request ask the supplier now? Moves open to half-open when it is time."""
+        if self.state is State.CLOSED:
+            return Permit.CALL
+        if self.state is State.OPEN:
+            if self.clock() < self.open_until:
+                return Permit.REFUSED
+            self._move(State.HALF_OPEN, {})
+        if self.probing:
+            return Permit.REFUSED
+        self.probing = True
+        return Permit.PROBE
+
+    def record(self, permit: Permit, judged: Verdict) -> None:
+        """Take in the verdict of a call made under ``permit``."""
+        if permit is Permit.PROBE:
+            self.probing = False
+            if judged is Verdict.FAILURE:
+                self.reopens += 1
+                self._open({"probe": "failed"})
+            elif judged is not Verdict.UNKNOWN:
+                self.streak = self.reopens = 0
+                self._move(State.CLOSED, {"probe": judged.value})
+            return
+        # A call let through while closed that ends after the circuit opened
+        # says nothing the open circuit does not already act on.
+        if permit is Permit.CALL and self.state is State.CLOSED:
+            if judged is Verdict.SUCCESS:
+                self.streak = 0
+            elif judged is Verdict.FAILURE:
+                self.streak += 1
+                if self.streak >= self.failures_to_open:
+                    self._open({"streak": self.streak})
+
+    def _open(self, fields: dict[str, object]) -> None:
+        nominal = min(self.open_max, self.open_time * 2**self.reopens)
+        seconds = nominal * random.uniform(*JITTER)
+        self.open_until = self.clock() + seconds
+        self._move(State.OPEN, {**fields, "open_s": round(seconds, 3), "reopens": self.reopens})
+
+    def _move(self, state: State, fields: Mapping[str, object]) -> None:
+        self.state = state
+        self.listener(self.supplier, state, fields)
+
+
+class Breakers:
+    """A breaker for each supplier, shared by every request of the process."""
+
+    def __init__(
+        self,
+        suppliers: tuple[str, ...],
+        *,
+        failures_to_open: int,
+        open_time: float,
+        open_max: float,
+        listener: Listener,
+    ) -> None:
+        self._breakers = {
+            supplier: CircuitBreaker(supplier, failures_to_open, open_time, open_max, listener)
+            for supplier in suppliers
+        }
+
+    def __getitem__(self, supplier: str) -> CircuitBreaker:
+        return self._breakers[supplier]
+
+    def state(self, supplier: str) -> State:
+        """``supplier``'s state as last moved; an open circuit past its time reads open."""
+        return self._breakers[supplier].state

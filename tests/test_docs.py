@@ -1,0 +1,187 @@
+"""The docs name everything the code defines: flags, environment variables, metrics, codes, links.
+
+Each list is read from the code or the running service, never written out
+here, so a flag, metric, failure code or ``stopped`` reason added later fails
+these tests until the page that documents it names it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quoteflow import models
+from tests.conftest import StartQuoteFlow
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+OPERATIONS = DOCS / "operations.md"
+API = DOCS / "api.md"
+BENCHMARK = DOCS / "benchmark.md"
+
+_OPTION_LINE = re.compile(r"^\s+(-{1,2}\w.*?)(?:\s{2,}|$)")
+"""An option line of argparse's help: the invocation, then two spaces and its help."""
+_FLAG = re.compile(r"--[a-z0-9][a-z0-9-]*")
+_QUOTEFLOW_ENV = re.compile(r"QUOTEFLOW_[A-Z0-9][A-Z0-9_]*")
+_BENCH_ENV_READ = re.compile(r"""(?:environ|env)(?:\.get\(|\[)\s*["'](BENCH_[A-Z0-9_]+)["']""")
+"""A ``BENCH_*`` variable the benchmark reads (those it sets for wrk's Lua script are its own)."""
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+_FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+
+
+def _mentions(page: str, name: str) -> bool:
+    """``name`` appears in ``page`` as a whole token, not inside a longer name."""
+    return re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", page) is not None
+
+
+def _missing(names: set[str], page: Path) -> list[str]:
+    text = page.read_text(encoding="utf-8")
+    return sorted(name for name in names if not _mentions(text, name))
+
+
+def _quoteflow_help() -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "quoteflow", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+        # Wide enough that argparse keeps each option on its own line.
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_every_flag_is_in_operations_md() -> None:
+    """Every flag ``quoteflow --help`` lists is named in docs/operations.md."""
+    flags = {
+        flag
+        for line in _quoteflow_help().splitlines()
+        if (option := _OPTION_LINE.match(line))
+        for flag in _FLAG.findall(option.group(1))
+    } - {"--help"}
+    assert {"--budget", "--inbound-limit", "--outbound-limit"} <= flags, flags
+    assert _missing(flags, OPERATIONS) == []
+
+
+def test_every_environment_variable_is_in_operations_md() -> None:
+    """Every QUOTEFLOW_* variable, in the help or anywhere in the package, is documented."""
+    names = set(_QUOTEFLOW_ENV.findall(_quoteflow_help()))
+    for source in (ROOT / "quoteflow").rglob("*.py"):
+        names |= set(_QUOTEFLOW_ENV.findall(source.read_text(encoding="utf-8")))
+    assert "QUOTEFLOW_BUDGET" in names, names
+    assert _missing(names, OPERATIONS) == []
+
+
+def test_every_bench_variable_is_in_benchmark_md() -> None:
+    """Every BENCH_* variable the benchmark reads is documented in docs/benchmark.md."""
+    names: set[str] = set()
+    for source in (ROOT / "bench").rglob("*.py"):
+        names |= set(_BENCH_ENV_READ.findall(source.read_text(encoding="utf-8")))
+    assert "BENCH_DURATION" in names, names
+    assert _missing(names, BENCHMARK) == []
+
+
+async def test_every_metric_is_in_operations_md(start_quoteflow: StartQuoteFlow) -> None:
+    """Every metric family the real app exports, after one request, is in docs/operations.md."""
+    client = await start_quoteflow()
+    answer = await client.post("/api/quotes", json={})
+    assert answer.status == 200
+    scrape = await client.get("/metrics")
+    assert scrape.status == 200
+    names = set(re.findall(r"^# TYPE (\S+) ", await scrape.text(), re.MULTILINE))
+    assert "quoteflow_requests_total" in names, names
+    assert _missing(names, OPERATIONS) == []
+
+
+def _string_constants() -> dict[str, str]:
+    """Every module-level string constant of ``quoteflow.models``: its codes and reasons."""
+    return {
+        name: value
+        for name, value in vars(models).items()
+        if name.isupper() and isinstance(value, str)
+    }
+
+
+def _table_keys(page: Path) -> set[str]:
+    """The backticked first cell of every table row of ``page``."""
+    text = page.read_text(encoding="utf-8")
+    return set(re.findall(r"^\| `([^`]+)` \|", text, re.MULTILINE))
+
+
+def test_every_stopped_reason_has_a_row_in_api_md() -> None:
+    """Each ``STOPPED_*`` reason of the budget bill is a row of docs/api.md's table."""
+    reasons = {value for name, value in _string_constants().items() if name.startswith("STOPPED_")}
+    assert {"success", "deadline", "no_time"} <= reasons, reasons
+    assert sorted(reasons - _table_keys(API)) == []
+
+
+def test_every_failure_code_has_a_row_in_api_md() -> None:
+    """Each failure code, ``http_<status>`` included, is a row of docs/api.md's table.
+
+    Every string constant of ``quoteflow.models`` that is neither a ``stopped``
+    reason nor ``OK`` is a failure code a caller can see in ``failures``.
+    """
+    constants = _string_constants()
+    codes = {
+        value
+        for name, value in constants.items()
+        if not name.startswith("STOPPED_") and name != "OK"
+    }
+    assert {"invalid_data", "transport_error", "timeout"} <= codes, codes
+    http_form = models.http_failure_code(503).replace("503", "<status>")
+    keys = _table_keys(API)
+    assert sorted((codes | {http_form}) - keys) == []
+    assert _mentions(API.read_text(encoding="utf-8"), constants["OK"])
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    text = _FENCE.sub("", page.read_text(encoding="utf-8"))
+    anchors: set[str] = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", text, re.MULTILINE):
+        slug = _slug(heading)
+        n = 0
+        while (candidate := slug if n == 0 else f"{slug}-{n}") in anchors:
+            n += 1
+        anchors.add(candidate)
+    return anchors
+
+
+PAGES = sorted([ROOT / "README.md", ROOT / "CHANGELOG.md", *DOCS.glob("*.md")])
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(ROOT).as_posix() for p in PAGES])
+def test_relative_links_resolve(page: Path) -> None:
+    """Every relative link leads to a file that exists, and to a heading it has."""
+    broken: list[str] = []
+    for target in _LINK.findall(_FENCE.sub("", page.read_text(encoding="utf-8"))):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):
+            continue  # https:, mailto: ...
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists() or (
+            anchor and linked.suffix == ".md" and anchor not in _anchors(linked)
+        ):
+            broken.append(target)
+    assert broken == []
+
+
+def test_readme_links_every_docs_page() -> None:
+    """The README is the front door: each page under docs/ is linked from it."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    linked = {target.partition("#")[0] for target in _LINK.findall(readme)}
+    pages = {f"docs/{page.name}" for page in DOCS.glob("*.md")}
+    assert {"docs/api.md", "docs/operations.md"} <= pages
+    assert sorted(pages - linked) == []
