@@ -37,7 +37,14 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from quoteflow.logs import log_event
-from quoteflow.observe import PlainCounter, PlainGauge, PlainHistogram, PlainMetric, Telemetry
+from quoteflow.observe import (
+    PlainCounter,
+    PlainGauge,
+    PlainHistogram,
+    PlainMetric,
+    ReadCounter,
+    Telemetry,
+)
 
 log = logging.getLogger("quoteflow")
 
@@ -57,6 +64,11 @@ class HostTelemetry(Telemetry):
         """Scrapes read every worker's files, not this worker's numbers."""
         MultiProcessCollector(self.registry)  # type: ignore[no-untyped-call]  # untyped upstream
         self._copies = [_copier(metric) for metric in self.metrics]
+
+    def add(self, *metrics: PlainMetric) -> None:
+        """More metrics, copied into the files like the others."""
+        super().add(*metrics)
+        self._copies += [_copier(metric) for metric in metrics]
 
     def flush(self) -> None:
         """Copy into this worker's files whatever changed since the last copy."""
@@ -93,14 +105,14 @@ class HostTelemetry(Telemetry):
 
 def _copier(metric: PlainMetric) -> Callable[[], None]:
     """A function that copies ``metric``'s changes into a prometheus-client metric's file."""
-    if isinstance(metric, PlainCounter):
+    if isinstance(metric, PlainCounter | ReadCounter):
         return _counter_copier(metric)
     if isinstance(metric, PlainHistogram):
         return _histogram_copier(metric)
     return _gauge_copier(metric)
 
 
-def _counter_copier(plain: PlainCounter) -> Callable[[], None]:
+def _counter_copier(plain: PlainCounter | ReadCounter) -> Callable[[], None]:
     # registry=None: the files are what a scrape reads, through MultiProcessCollector.
     mirror = Counter(plain.name, plain.documentation, plain.labels, registry=None)
     copied: dict[tuple[str, ...], float] = {}

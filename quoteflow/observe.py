@@ -162,17 +162,44 @@ class PlainGauge:
         return family
 
 
-PlainMetric = PlainCounter | PlainHistogram | PlainGauge
+class ReadCounter:
+    """A counter family whose values are someone else's running totals, read at scrape time."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labels: tuple[str, ...],
+        read: Callable[[], Mapping[tuple[str, ...], float]],
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labels = labels
+        self.read = read
+
+    @property
+    def values(self) -> Mapping[tuple[str, ...], float]:
+        """The totals now, by label values (as ``PlainCounter.values``)."""
+        return self.read()
+
+    def family(self) -> Metric:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labels)
+        for labels, value in self.values.items():
+            family.add_metric(labels, value)
+        return family
+
+
+PlainMetric = PlainCounter | ReadCounter | PlainHistogram | PlainGauge
 
 
 class _LoopMetrics(Collector):
     """The metrics of one app, read by the registry at scrape time."""
 
-    def __init__(self, metrics: Iterable[PlainMetric]) -> None:
-        self.metrics = tuple(metrics)
+    def __init__(self, telemetry: Telemetry) -> None:
+        self.telemetry = telemetry
 
     def collect(self) -> Iterable[Metric]:
-        return [metric.family() for metric in self.metrics]
+        return [metric.family() for metric in self.telemetry.metrics]
 
 
 class Telemetry:
@@ -269,7 +296,16 @@ class Telemetry:
 
     def register(self) -> None:
         """Make ``registry`` read this app's metrics at scrape time."""
-        self.registry.register(_LoopMetrics(self.metrics))
+        self.registry.register(_LoopMetrics(self))
+
+    def add(self, *metrics: PlainMetric) -> None:
+        """More metrics, e.g. of a part wired at start-up; exported like the others.
+
+        Metrics go through here, never straight into ``registry``: under
+        gunicorn the registry reads every worker's files (``hostmetrics``),
+        and only what ``metrics`` holds is copied into them.
+        """
+        self.metrics = (*self.metrics, *metrics)
 
     def exposition(self) -> bytes:
         """The Prometheus text exposition of ``registry`` (what ``/metrics`` answers)."""

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry, values
 
 from quoteflow.hostmetrics import HostTelemetry
-from quoteflow.observe import BUSY, PlainHistogram
+from quoteflow.observe import BUSY, PlainGauge, PlainHistogram, ReadCounter, Telemetry
 from tests.test_observability import metric
 
 
@@ -77,3 +77,18 @@ def test_gauges_are_read_at_flush_and_summed_over_live_workers(host: HostTelemet
     assert metric(text, "quoteflow_inbound_in_flight") == 3
     assert metric(text, "quoteflow_outbound_in_flight") == 5
     assert metric(text, "quoteflow_retry_budget_tokens", supplier="cedar") == 20
+
+
+def test_metrics_added_at_start_up_are_exported_in_both_modes(host: HostTelemetry) -> None:
+    """``Telemetry.add``: a counter read from elsewhere and a gauge, one process or host-wide."""
+    totals: dict[tuple[str, ...], float] = {("ok",): 2.0}
+    up = PlainGauge("quoteflow_test_up", "Test gauge.", host_mode="livemin")
+    up.readers[()] = lambda: 1.0
+    single = Telemetry(CollectorRegistry())
+    for telemetry in (single, host):
+        telemetry.add(ReadCounter("quoteflow_test_syncs", "Test.", ("result",), lambda: totals), up)
+    for text in (single.exposition().decode(), _scrape(host)):
+        assert metric(text, "quoteflow_test_syncs_total", result="ok") == 2
+        assert metric(text, "quoteflow_test_up") == 1
+    totals[("ok",)] = 5.0
+    assert metric(_scrape(host), "quoteflow_test_syncs_total", result="ok") == 5
