@@ -24,7 +24,8 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 pytest: $(STAMP) need-redis
-	$(BIN)/pytest -q
+	# Two workers for two cores; whole files stay together (module-scoped processes).
+	$(BIN)/pytest -q -n 2 --dist loadfile
 
 # The fleet tests and `make fleet` run Debian's redis-server: installed here when
 # we are root with apt (as `make bench` does for wrk); otherwise make stops with
