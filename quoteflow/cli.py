@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import logging
 import os
 import signal
@@ -18,7 +19,7 @@ from aiohttp import web
 from quoteflow import logs
 from quoteflow.app import create_app
 from quoteflow.auth import ApiKeys, ApiKeysError
-from quoteflow.config import Settings
+from quoteflow.config import Settings, redact_url
 from quoteflow.handlers import READY
 from quoteflow.logs import log_event
 
@@ -77,6 +78,21 @@ _OPTIONS: dict[str, tuple[str | None, Callable[[str], Any], str]] = {
         _boolean,
         "/metrics needs a key too (with --api-keys-file)",
     ),
+    "redis_url": (
+        "QUOTEFLOW_REDIS_URL",
+        str,
+        "fleet mode: the Redis every worker shares, redis://host:port/db (default: none)",
+    ),
+    "redis_timeout": (
+        "QUOTEFLOW_REDIS_TIMEOUT",
+        float,
+        "time limit of each Redis call, seconds; below the budget (0.05)",
+    ),
+    "redis_prefix": (
+        "QUOTEFLOW_REDIS_PREFIX",
+        str,
+        "prefix of QuoteFlow's Redis keys (quoteflow)",
+    ),
 }
 
 _FLAGS = {"max_supplier_body_bytes": "--max-supplier-body", "api_keys": "--api-keys-file"}
@@ -122,9 +138,12 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
                 f"{source}: {raw!r} is not a valid {convert.__name__.strip('_')}"
             ) from None
     try:
-        return Settings(**values)
+        settings = Settings(**values)
     except (ValueError, TypeError) as exc:
         raise ConfigError(str(exc)) from None
+    if settings.redis_url is not None and importlib.util.find_spec("redis") is None:
+        raise ConfigError("--redis-url needs the Redis client: pip install 'quoteflow[fleet]'")
+    return settings
 
 
 def _flag(name: str) -> str:
@@ -139,7 +158,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"quoteflow: error: {exc}", file=sys.stderr)
         return 2
     logs.configure(settings.log_level, settings.log_format)
-    log_event(log, logging.INFO, "starting", attrs.asdict(settings))
+    fields = attrs.asdict(settings)
+    if settings.redis_url is not None:
+        fields["redis_url"] = redact_url(settings.redis_url)  # a password never reaches a log
+    log_event(log, logging.INFO, "starting", fields)
     try:
         loop = _new_event_loop(settings.event_loop)
     except ImportError:
