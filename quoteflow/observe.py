@@ -13,7 +13,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -124,6 +124,21 @@ class _LoopMetrics(Collector):
         return [metric.family() for metric in self.metrics]
 
 
+class _ReadCounter(Collector):
+    """A counter family read from someone else's numbers at scrape time."""
+
+    def __init__(
+        self, name: str, documentation: str, label: str, read: Callable[[], Mapping[str, float]]
+    ) -> None:
+        self.name, self.documentation, self.label, self.read = name, documentation, label, read
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=(self.label,))
+        for value, count in self.read().items():
+            family.add_metric((value,), count)
+        return [family]
+
+
 class Telemetry:
     """The metrics of one app (its own registry) and the events that go with them."""
 
@@ -209,6 +224,26 @@ class Telemetry:
             self._retry_tokens.labels(supplier).set_function(
                 functools.partial(retry_tokens, supplier)
             )
+
+    def watch_coordination(
+        self,
+        up: Callable[[], float],
+        leased: Callable[[], float],
+        workers: Callable[[], float],
+        syncs: Callable[[], Mapping[str, float]],
+    ) -> None:
+        """Fleet mode only (absent in one process): this worker's link to Redis, at scrape time."""
+        for name, documentation, read in (
+            ("quoteflow_coordination_up", "1 while Redis answers, 0 on local limits.", up),
+            ("quoteflow_outbound_leased", "Outbound slots leased from the fleet now.", leased),
+            ("quoteflow_coordination_workers", "Live workers the last sync saw.", workers),
+        ):
+            Gauge(name, documentation, registry=self.registry).set_function(read)
+        self.registry.register(
+            _ReadCounter(
+                "quoteflow_coordination_syncs", "Syncs with Redis by result.", "result", syncs
+            )
+        )
 
     def served(self, report: QuoteReport) -> None:
         """A request was answered with a result: count it and log its bill.

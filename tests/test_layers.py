@@ -20,6 +20,7 @@ LAYERS = [
     "observe",
     "service",
     "supplier",
+    "fleet",
     "slots",
     "retry",
     "codec",
