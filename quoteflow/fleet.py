@@ -9,12 +9,13 @@ to workers (YouTube's Doorman), and a request only ever waits on a local future.
                                      │ no: queue locally, ask for a sync
                                      ▼
     Coordinator ── one sync = one EVALSHA of SCRIPT ──▶ Redis
-      (background:    sends this worker's absolute state     <p>:workers  ZSET  id → expiry (ms)
-       at most one    held + want per supplier, token         <p>:state    HASH  id → "atlas 2 1
-       sync in        deposits and withdrawals               boreal 0 0 cedar 1 0 <want time>"
-       flight)        ◀── grants, fair allowance, tokens      <p>:tokens   HASH  supplier → level
-                                                              <p>:epoch    STRING  when it began
-      listener ◀── SUBSCRIBE <p>:freed ── PUBLISH when slots come back and someone waits
+      (background,  this worker's absolute state:     <p>:workers ZSET   id → expiry (ms)
+       at most one  held, want, retry pool per        <p>:state   HASH   id → "atlas 2 1 8.0
+       sync in      supplier; token deposit and                   boreal 0 0 6.5 cedar 1 0 8.0
+       flight)      withdrawal                                    <ms of this record>"
+                    ◀── grants, allowance, tokens     <p>:tokens  HASH   supplier → bucket level
+                                                      <p>:epoch   STRING when this state began
+      listener ◀── SUBSCRIBE <p>:freed ── PUBLISH "freed" (slots back, someone waits) / "reset"
 
 **Leases.** Per supplier a worker keeps ``leased`` (slots Redis granted it),
 ``in use`` (attempts running, never more than ``leased`` while Redis is up) and
@@ -35,8 +36,11 @@ counts for ``WANT_FRESH`` only: a worker that still waits says so again);
 of the limit among the workers' demands (held + want), and of each share
 likewise; (6) grants what it wants, one slot at a time round the suppliers, up
 to the share, the limit and — when others wait too — its allowance;
-(7) settles the retry tokens; (8) publishes on ``<p>:freed`` when it lowered
-what this worker holds, or dropped a dead worker, while someone waits.
+(7) settles the retry tokens; (8) publishes on ``<p>:freed``: ``freed`` when it
+lowered what this worker holds, or dropped a dead worker, while someone
+waits; ``wanted`` when this worker waits below its fair part because others
+hold more than theirs (they sync at once, learn their smaller part, and give
+back on release).
 Redis runs a script as one atomic step: no other client's command runs in the
 middle, so checking the limit and taking a slot can never interleave with
 another worker's — the whole check-and-take of ``OutboundSlots``, fleet-wide.
@@ -65,12 +69,13 @@ leases back (``coordination_up``). No request ever awaits Redis, so Redis
 down, slow or emptied never costs an answer its budget.
 
 **Retry budget.** One bucket per supplier in ``<p>:tokens`` (a missing field
-is a full bucket). Each worker keeps a small pool withdrawn from it
-(``FleetRetryBudget``); ``try_spend`` stays synchronous and local. Every token
-lives in the bucket or in one pool, so the fleet together never spends more
-than one bucket's capacity plus what its requests earn. Tokens carried by a
-sync whose answer never came are dropped, not re-sent: at worst a few retries
-fewer, never a token counted twice.
+is a full bucket). Each worker keeps a pool withdrawn from it, as large as
+one burst of its own (``FleetRetryBudget``); ``try_spend`` stays synchronous
+and local. Every token lives in the bucket or in one pool, and the script
+caps the bucket at the capacity less every live worker's pool, so the fleet
+together holds one bucket, not one per worker. Tokens carried by a sync whose
+answer never came are dropped, not re-sent: at worst a few retries fewer,
+never a token counted twice.
 
 Leases also mean slots in flight stay correct when a worker is merely slow:
 only a worker that stalls longer than ``LEASE_TRUST`` with attempts already
@@ -106,13 +111,19 @@ HEARTBEAT: Final = TTL / 3
 """Seconds between syncs of a worker with nothing to ask (its lease renewal)."""
 LEASE_TRUST: Final = TTL * 0.75
 """Seconds after a sync was sent that its leases are used; a margin below ``TTL``."""
-POLL: Final = 0.015
-"""Seconds between syncs while local waiters got less than they wanted (lost messages)."""
+POLL: Final = 0.05
+"""Seconds between syncs while local waiters got less than they wanted.
+
+A safety net: slots that come back are announced on ``<p>:freed`` at once;
+the poll only covers a lost message and a fair part that changed.
+"""
 LINGER: Final = 0.005
 """Seconds an idle slot waits for a local taker before the sync that gives it back."""
 RECONNECT: Final = 0.5
 """Seconds between tries while Redis is out of reach."""
-WANT_FRESH: Final = 0.05
+LISTEN_WAKE: Final = 0.25
+"""Longest wait of the listener's read; it then checks whether it should stop."""
+WANT_FRESH: Final = 3 * POLL
 """Seconds a reported want counts: a worker that still waits re-syncs every ``POLL``."""
 QUIET: Final = HEARTBEAT + 0.05
 """Seconds without grants after Redis was found emptied: every holder reports first."""
@@ -125,20 +136,24 @@ local id = ARGV[1]
 local ttl, limit, share = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local fresh, quiet_ms = tonumber(ARGV[5]), tonumber(ARGV[6])
 local joined, bye = ARGV[7] == '1', ARGV[8] == '1'
+local may_announce = ARGV[12] == '1'
 local capacity, channel, n = tonumber(ARGV[9]), ARGV[10], tonumber(ARGV[11])
-local names, held, want, deposit, withdraw = {}, {}, {}, {}, {}
+local names, held, want, deposit, withdraw, pool = {}, {}, {}, {}, {}, {}
 for i = 1, n do
-  local b = 11 + 5 * (i - 1)
+  local b = 12 + 6 * (i - 1)
   names[i], held[i], want[i] = ARGV[b + 1], tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
   deposit[i], withdraw[i] = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+  pool[i] = tonumber(ARGV[b + 6])
 end
 
--- "atlas 2 1 boreal 0 0 cedar 1 0 <ms>" -> {name -> {held, want}}, ms
+-- "atlas 2 1 0.5 boreal 0 0 3 cedar 1 0 2 <ms>" -> {name -> {held, want, pool}}, ms
 local function parse(record)
   local f = {}
   for token in string.gmatch(record, '%S+') do f[#f + 1] = token end
   local entry = {}
-  for i = 1, #f - 1, 3 do entry[f[i]] = {tonumber(f[i + 1]), tonumber(f[i + 2])} end
+  for i = 1, #f - 1, 4 do
+    entry[f[i]] = {tonumber(f[i + 1]), tonumber(f[i + 2]), tonumber(f[i + 3])}
+  end
   return entry, tonumber(f[#f])
 end
 
@@ -179,8 +194,8 @@ if previous then
 end
 
 -- (4) Everyone else: what they hold, and what they want if they said so lately.
-local held_all, total_all, others, others_want = {}, 0, {}, 0
-for i = 1, n do held_all[names[i]] = 0 end
+local held_all, total_all, others, others_want, pools = {}, 0, {}, 0, {}
+for i = 1, n do held_all[names[i]], pools[names[i]] = 0, 0 end
 local rows = redis.call('HGETALL', KEYS[2])
 for k = 1, #rows, 2 do
   if rows[k] ~= id then
@@ -190,6 +205,7 @@ for k = 1, #rows, 2 do
     for name, hw in pairs(entry) do
       local w = live and hw[2] or 0
       held_all[name] = (held_all[name] or 0) + hw[1]
+      pools[name] = (pools[name] or 0) + hw[3]
       total_all = total_all + hw[1]
       demand.per[name] = hw[1] + w
       demand.total = demand.total + hw[1] + w
@@ -199,24 +215,32 @@ for k = 1, #rows, 2 do
   end
 end
 
+local starved = false
 local function publish()
   if reset then
-    redis.call('PUBLISH', channel, 'reset')
+    redis.call('PUBLISH', channel, 'reset ' .. id)
   elseif others_want > 0 and (lowered or dropped > 0) then
-    redis.call('PUBLISH', channel, 'freed')
+    redis.call('PUBLISH', channel, 'freed ' .. id)
+  elseif starved then
+    redis.call('PUBLISH', channel, 'wanted ' .. id)
+    return 1
   end
+  return 0
 end
 
--- (7) Tokens: deposits first, then a withdrawal of whole tokens.
+-- (7) Tokens: deposits first, then a withdrawal of whole tokens. Every token is
+-- in the bucket or in a worker's pool, so the bucket holds at most the capacity
+-- less every pool: the fleet together never has more than one bucket.
 local levels = redis.call('HMGET', KEYS[3], unpack(names))
 local taken, level = {}, {}
 local writes = {}
 for i = 1, n do
-  local l = math.min(capacity, (tonumber(levels[i]) or capacity) + deposit[i])
+  local room = math.max(0, capacity - pools[names[i]] - pool[i])
+  local l = math.min(room, (tonumber(levels[i]) or room) + deposit[i])
   local t = 0
   if not bye then t = math.max(0, math.min(withdraw[i], math.floor(l))) end
   taken[i], level[i] = t, l - t
-  if deposit[i] > 0 or t > 0 or not levels[i] then
+  if l ~= tonumber(levels[i]) or t > 0 then
     writes[#writes + 1] = names[i]
     writes[#writes + 1] = string.format('%.6f', level[i])
   end
@@ -304,12 +328,24 @@ if not quiet then
   end
 end
 
+-- Still waiting below its fair part while the slots are taken: someone holds
+-- more than theirs, and learns it now rather than at its next heartbeat.
+local after = mine
+for i = 1, n do after = after + granted[i] end
+for i = 1, n do
+  if may_announce and not quiet and granted[i] < want[i] and after < allowed_total
+      and (room_total == 0 or (room[i] == 0 and held[i] + granted[i] < allowed[i])) then
+    starved = true
+  end
+end
+
 -- (3) This worker's whole truth, with a new expiry.
 local parts = {}
 for i = 1, n do
   parts[#parts + 1] = names[i]
   parts[#parts + 1] = held[i] + granted[i]
   parts[#parts + 1] = want[i] - granted[i]
+  parts[#parts + 1] = string.format('%.3f', pool[i] + taken[i])
 end
 parts[#parts + 1] = now
 redis.call('HSET', KEYS[2], id, table.concat(parts, ' '))
@@ -318,9 +354,10 @@ redis.call('ZADD', KEYS[1], now + ttl, id)
 redis.call('PEXPIRE', KEYS[1], 10 * ttl)
 redis.call('PEXPIRE', KEYS[2], 10 * ttl)
 
-publish()
+local announced = publish()
 
-local reply = {quiet and 1 or 0, others_want > 0 and 1 or 0, allowed_total, #others + 1}
+local reply = {quiet and 1 or 0, others_want > 0 and 1 or 0, allowed_total, #others + 1,
+  announced}
 for i = 1, n do
   local free = math.max(0, math.min(room[i], room_total, cap[i], cap_total))
   if quiet then free = 0 end
@@ -366,6 +403,11 @@ class FleetSlots:
         self.free = dict.fromkeys(self._held, 0)
         """Slots the last sync could still have granted us, per supplier."""
         self.others_waiting = False
+        self.unmet = dict.fromkeys(self._held, 0)
+        """Waiters Redis knows of (reported, not granted), per supplier."""
+        self._reported = dict.fromkeys(self._held, 0)
+        self._recorded = dict.fromkeys(self._held, 0)
+        """What Redis counts as ours after the last sync, per supplier."""
         self.valid_until = -math.inf
         self._waiting: dict[str, collections.deque[tuple[int, asyncio.Future[None]]]] = {
             supplier: collections.deque() for supplier in self._held
@@ -407,9 +449,11 @@ class FleetSlots:
         queue = self._waiting[supplier]
         queue.append(entry)
         if self.mode != LOCAL:
-            # Worth a sync now only if the last one saw a slot we could get;
-            # otherwise one is freed first, and its holder's sync tells us.
-            soon = self.mode == JOINING or self.free[supplier] > 0
+            # At once if the last sync saw a slot we could get, or Redis does
+            # not know yet that we wait (then nobody would tell us of a freed
+            # slot). Otherwise a slot must be freed first, and its holder's
+            # sync announces it.
+            soon = self.mode == JOINING or self.free[supplier] > 0 or not self.unmet[supplier]
             self._need_sync(0.0 if soon else POLL)
         try:
             await granted
@@ -419,6 +463,7 @@ class FleetSlots:
             else:
                 with contextlib.suppress(ValueError):  # already skipped by a hand-out
                     queue.remove(entry)
+                self._check_want(supplier)
             raise
 
     def release(self, supplier: str) -> None:
@@ -433,10 +478,13 @@ class FleetSlots:
                 # Above our fair part while others wait: back to the fleet, not on locally.
                 self.leased[supplier] -= 1
                 self.leased_total -= 1
-                self._need_sync(0.0)
-            elif not self._hand_over(supplier):
-                waiting = self.others_waiting or any(map(self._live, self._waiting.values()))
-                self._need_sync(0.0 if waiting else LINGER)
+                self._need_sync(0.0)  # held < recorded: the check will find it worth a sync
+            elif self._hand_over(supplier):
+                self._check_want(supplier)
+            else:
+                # Idle: a taker of our own usually comes within a few ms under
+                # load; if none has by the check, the slot goes back.
+                self._need_sync(LINGER)
         elif self.mode == LOCAL:
             self._hand_out_local()
 
@@ -451,9 +499,10 @@ class FleetSlots:
         """
         held, want = [], []
         for supplier, queue in self._waiting.items():
-            self.leased[supplier] = self._held[supplier]
+            self.leased[supplier] = self._recorded[supplier] = self._held[supplier]
+            self._reported[supplier] = self._live(queue)
             held.append(self._held[supplier])
-            want.append(self._live(queue))
+            want.append(self._reported[supplier])
         self.leased_total = self.in_use
         return held, want
 
@@ -476,6 +525,10 @@ class FleetSlots:
         self.others_waiting = others_waiting
         undercounted = False
         for index, supplier in enumerate(self._held):
+            self.unmet[supplier] = self._reported[supplier] - granted[index]
+            # Redis now counts what we reported plus the grants; give-backs
+            # made meanwhile are still counted there, so the next check syncs.
+            self._recorded[supplier] += granted[index]
             self.leased[supplier] += granted[index]
             if self._held[supplier] > self.leased[supplier]:
                 # Taken under local limits while this sync was on its way
@@ -495,6 +548,32 @@ class FleetSlots:
             return LINGER
         return None
 
+    def worth_syncing(self, since_last: float) -> bool:
+        """Whether Redis has us wrong, or could give us something, ``since_last`` s after a sync.
+
+        Asked when a requested sync comes due: whatever sorted itself out
+        meanwhile (an idle slot taken again, a waiter served by a local
+        hand-over) costs no round trip.
+        """
+        for supplier, queue in self._waiting.items():
+            if self._held[supplier] != self._recorded[supplier]:
+                return True  # idle or given back (or taken on local limits): Redis counts wrong
+            live = self._live(queue)
+            if live:
+                if not self.unmet[supplier] or self.free[supplier] > 0 or since_last >= POLL:
+                    return True  # Redis does not know we wait, or could grant, or the poll
+            elif self.unmet[supplier]:
+                return True  # Redis still counts waiters that are gone
+        return False
+
+    def heard(self, message: bytes) -> bool:
+        """Whether a message on ``<p>:freed`` calls for a sync now."""
+        if message == b"reset":
+            return True  # Redis was emptied: it must learn what we hold
+        if message == b"wanted":
+            return self.leased_total > 0  # our fair part may have shrunk
+        return self.waiting > 0
+
     def go_local(self) -> None:
         """Redis is out of reach: this process's own limits, for every waiter at once."""
         self.mode = LOCAL
@@ -505,6 +584,12 @@ class FleetSlots:
     @staticmethod
     def _live(queue: collections.deque[tuple[int, asyncio.Future[None]]]) -> int:
         return sum(1 for _, granted in queue if not granted.done())
+
+    def _check_want(self, supplier: str) -> None:
+        """The last waiter for ``supplier`` is gone: soon, Redis should stop counting it."""
+        if self.unmet[supplier] and not self._live(self._waiting[supplier]):
+            self.unmet[supplier] = 0
+            self._need_sync(LINGER)
 
     def _take(self, supplier: str) -> None:
         self._held[supplier] += 1
@@ -543,18 +628,29 @@ class FleetRetryBudget:
     """One supplier's retry budget: a local pool drawn from the fleet's bucket in Redis.
 
     Satisfies ``retry.RetryLimiter``; nothing here awaits. Spending and
-    paying off touch only the pool. A pool below half a chunk asks the next
-    sync (at once, while the bucket had tokens) to withdraw up to a chunk; a
-    pool above two chunks deposits the surplus. While Redis is out of reach
-    ``local``, a full per-process ``RetryBudget``, decides instead.
+    paying off touch only the pool. A pool below half its ``target`` asks the
+    next sync (at once, while the bucket had tokens) to withdraw up to the
+    target; what is earned or paid back above it is deposited at the next
+    sync. While Redis is out of reach ``local``, a full per-process
+    ``RetryBudget``, decides instead.
+
+    The target is one burst of this worker: every request it serves at once
+    may need its retry in the same millisecond (eight 503s together), before
+    any sync could answer. Pools count against the bucket (see ``SCRIPT``),
+    so a larger pool never lets the fleet spend more than one bucket.
     """
 
     def __init__(
-        self, capacity: float, earn_per_request: float, *, need_sync: Callable[[float], None]
+        self,
+        capacity: float,
+        earn_per_request: float,
+        *,
+        burst: int,
+        need_sync: Callable[[float], None],
     ) -> None:
         self.capacity = capacity
         self.earn_per_request = earn_per_request
-        self.chunk = min(capacity, max(2.0, capacity / 4))
+        self.target = min(capacity, max(2.0, burst))
         self.local = RetryBudget(capacity, earn_per_request)
         self.fleet = False
         self.pool = 0.0
@@ -568,6 +664,11 @@ class FleetRetryBudget:
     def tokens(self) -> float:
         """Retries this worker could still spend now (its pool and the bucket it last saw)."""
         return self.pool + self.bucket if self.fleet else self.local.tokens
+
+    @property
+    def wants_tokens(self) -> bool:
+        """The pool is low and the bucket had tokens: worth a sync of its own."""
+        return self.fleet and self.pool < self.target / 2 and self.bucket >= 1
 
     def first_attempt(self) -> None:
         """Every request earns a small share of a retry (in both books: see the class)."""
@@ -584,7 +685,7 @@ class FleetRetryBudget:
                 self._need_sync(0.0)
             return False
         self.pool -= 1
-        if self.pool < self.chunk / 2 and self.bucket >= 1:
+        if self.pool < self.target / 2 and self.bucket >= 1:
             self._need_sync(0.0)
         return True
 
@@ -597,18 +698,18 @@ class FleetRetryBudget:
 
     def _credit(self, amount: float) -> None:
         self.pool += amount
-        if self.pool > 2 * self.chunk:
-            self._surplus += self.pool - self.chunk
-            self.pool = self.chunk
+        if self.pool > self.target:
+            self._surplus += self.pool - self.target
+            self.pool = self.target
 
-    def report(self, leaving: bool) -> tuple[float, int]:
-        """Tokens to deposit and whole tokens to withdraw in the next sync (handed over now)."""
+    def report(self, leaving: bool) -> tuple[float, int, float]:
+        """For the next sync: tokens to deposit (handed over now), to withdraw, and the pool."""
         deposit, self._surplus = self._surplus, 0.0
         if leaving:
             deposit, self.pool = deposit + self.pool, 0.0
-            return deposit, 0
-        withdraw = math.ceil(self.chunk - self.pool) if self.pool < self.chunk / 2 else 0
-        return deposit, withdraw
+            return deposit, 0, 0.0
+        withdraw = math.ceil(self.target - self.pool) if self.pool < self.target / 2 else 0
+        return deposit, withdraw, self.pool
 
     def apply(self, taken: int, level: float) -> None:
         """A sync's answer: the tokens withdrawn, and the bucket's level."""
@@ -639,6 +740,7 @@ class Coordinator:
         if settings.redis_url is None:
             raise ValueError("fleet mode needs a redis_url")
         self.worker_id = worker_id or uuid.uuid4().hex
+        self._id_bytes = self.worker_id.encode()
         self.settings = settings
         prefix = settings.redis_prefix
         self._keys = [f"{prefix}:workers", f"{prefix}:state", f"{prefix}:tokens", f"{prefix}:epoch"]
@@ -655,6 +757,7 @@ class Coordinator:
             supplier: FleetRetryBudget(
                 settings.retry_budget_capacity,
                 settings.retry_budget_earn,
+                burst=settings.inbound_limit,
                 need_sync=self.request_sync,
             )
             for supplier in self._suppliers
@@ -676,6 +779,10 @@ class Coordinator:
         self._wake = asyncio.Event()
         self._due = math.inf
         self._timer: asyncio.TimerHandle | None = None
+        self._announced_at = -math.inf
+        self._synced_at = -math.inf
+        self._forced = False
+        self._generation = 0
 
     async def start(self) -> None:
         """Create the client and the background tasks; Redis need not answer yet."""
@@ -697,16 +804,21 @@ class Coordinator:
         self._script = self._redis.register_script(SCRIPT)
         self._loop = asyncio.get_running_loop()
         self._spawn(self._run(), "quoteflow-fleet-sync")
-        self._listener = self._spawn(self._listen(), "quoteflow-fleet-listener")
+        self._listener = self._spawn(self._listen(self._generation), "quoteflow-fleet-listener")
         self._set_due(self._loop.time())
 
     async def close(self) -> None:
         """Say goodbye (slots and tokens back at once, best effort), then close everything."""
         self._closing = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        self._wake.set()
+        # On Python 3.11 a cancellation that meets redis-py inside its connect
+        # (asyncio.wait_for) can be lost: both loops also stop on _closing,
+        # within one LISTEN_WAKE or one Redis call, so they are cancelled and
+        # waited for until they have ended.
+        while self._tasks:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.wait(set(self._tasks), timeout=2 * LISTEN_WAKE)
         if self._timer is not None:
             self._timer.cancel()
         if self._redis is None:
@@ -715,10 +827,16 @@ class Coordinator:
             await self._sync(leaving=True)
         await self._redis.aclose()
 
-    def request_sync(self, delay: float) -> None:
-        """Have a sync start within ``delay`` seconds (folded into one already due sooner)."""
+    def request_sync(self, delay: float, *, force: bool = False) -> None:
+        """Have the state checked within ``delay`` s, and a sync run if it is worth one.
+
+        ``force``: sync whatever the state looks like (a slot was freed
+        elsewhere, Redis was emptied, a give-back). Requests fold into one
+        already due sooner.
+        """
         if self._closing or self.slots.mode == LOCAL:
             return  # while Redis is away only the reconnect timer tries it
+        self._forced = self._forced or force
         at = self._loop.time() + delay
         if at < self._due:
             self._set_due(at)
@@ -746,17 +864,35 @@ class Coordinator:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            self._set_due(self._loop.time() + (HEARTBEAT if self.up else RECONNECT))
+            if self._closing:
+                return
+            now = self._loop.time()
+            since = now - self._synced_at
+            if self.up and not self._forced and since < HEARTBEAT and not self._worth(since):
+                heartbeat = self._synced_at + HEARTBEAT
+                poll = self._synced_at + POLL if self.slots.waiting else math.inf
+                self._set_due(min(heartbeat, poll))
+                continue
+            self._forced = False
+            self._synced_at = now
+            self._set_due(now + (HEARTBEAT if self.up else RECONNECT))
             await self._sync()
+
+    def _worth(self, since: float) -> bool:
+        return self.slots.worth_syncing(since) or any(
+            budget.wants_tokens for budget in self.budgets.values()
+        )
 
     async def _sync(self, *, leaving: bool = False) -> None:
         """One EVALSHA: this worker's whole state in, grants, allowance and tokens out.
 
         ARGV: worker id, ttl ms, limit, share, want-fresh ms, quiet ms, joined
-        (0/1), leaving (0/1), bucket capacity, channel, n suppliers, then per
-        supplier: name, held, want, tokens deposited, whole tokens to withdraw.
+        (0/1), leaving (0/1), bucket capacity, channel, n suppliers, may
+        announce ``wanted`` (0/1), then per supplier: name, held, want, tokens
+        deposited, whole tokens to withdraw, tokens in the pool.
         Reply: quiet (0/1), others waiting (0/1), allowed total, live workers,
-        then per supplier: granted, allowed, free, tokens withdrawn, bucket level.
+        announced ``wanted`` (0/1), then per supplier: granted, allowed, free,
+        tokens withdrawn, bucket level.
         """
         assert self._script is not None
         n = len(self._suppliers)
@@ -777,10 +913,13 @@ class Coordinator:
             f"{self.settings.retry_budget_capacity:.6f}",
             self.channel,
             n,
+            # At most one "wanted" per poll: starved workers must not wake
+            # each other in a loop.
+            int(self._loop.time() >= self._announced_at + POLL),
         ]
         for index, supplier in enumerate(self._suppliers):
-            deposit, withdraw = tokens[index]
-            args += [supplier, held[index], want[index], f"{deposit:.6f}", withdraw]
+            deposit, withdraw, pool = tokens[index]
+            args += [supplier, held[index], want[index], f"{deposit:.6f}", withdraw, f"{pool:.6f}"]
         sent_at = time.monotonic()
         try:
             async with asyncio.timeout(self.settings.redis_timeout):
@@ -791,10 +930,12 @@ class Coordinator:
             return
         self.syncs["ok"] += 1
         self.joined = True
-        if leaving:
+        if leaving or self._closing:
             return
         self.workers = int(reply[3])
-        per = [reply[4 + 5 * index : 9 + 5 * index] for index in range(n)]
+        if reply[4]:
+            self._announced_at = self._loop.time()
+        per = [reply[5 + 5 * index : 10 + 5 * index] for index in range(n)]
         soon = self.slots.apply(
             granted=[int(p[0]) for p in per],
             allowed=[int(p[1]) for p in per],
@@ -846,28 +987,38 @@ class Coordinator:
             # The listener may sit on a connection that died without a word.
             if self._listener is not None:
                 self._listener.cancel()
-            self._listener = self._spawn(self._listen(), "quoteflow-fleet-listener")
+            self._generation += 1
+            self._listener = self._spawn(self._listen(self._generation), "quoteflow-fleet-listener")
         log_event(log, logging.INFO, "coordination_up", fields)
 
-    async def _listen(self) -> None:
+    async def _listen(self, generation: int) -> None:
         """Sync at once when a slot is freed while we wait, or when Redis was emptied."""
         assert self._redis is not None
-        while True:
+
+        def listening() -> bool:
+            return not self._closing and generation == self._generation
+
+        while listening():
             pubsub = self._redis.pubsub()
             try:
                 async with asyncio.timeout(RECONNECT):
                     await pubsub.subscribe(self.channel)
-                while True:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
+                while listening():
+                    # A read with a time limit, not a blocking one: see close().
+                    message = await pubsub.get_message(
+                        ignore_subscribe_messages=True, timeout=LISTEN_WAKE
+                    )
                     if message is None:
                         continue
-                    if message["data"] == b"reset" or self.slots.waiting:
-                        self.request_sync(0.0)
+                    kind, _, sender = bytes(message["data"]).partition(b" ")
+                    if sender != self._id_bytes and self.slots.heard(kind):
+                        self.request_sync(0.0, force=True)
             except self._errors:
                 pass
             finally:
                 await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
-            await asyncio.sleep(RECONNECT)
+            if listening():
+                await asyncio.sleep(RECONNECT)
 
 
 async def fleet_holdings(client: Redis, prefix: str) -> dict[str, dict[str, int]]:
@@ -884,5 +1035,5 @@ async def fleet_holdings(client: Redis, prefix: str) -> dict[str, dict[str, int]
         if name not in live:
             continue
         fields = (record.decode() if isinstance(record, bytes) else str(record)).split()
-        holdings[name] = {fields[i]: int(fields[i + 1]) for i in range(0, len(fields) - 1, 3)}
+        holdings[name] = {fields[i]: int(fields[i + 1]) for i in range(0, len(fields) - 1, 4)}
     return holdings
