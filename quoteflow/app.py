@@ -15,24 +15,28 @@ import sys
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
-import attrs
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from quoteflow import handlers, logs
 from quoteflow.breaker import Breakers
 from quoteflow.config import SUPPLIERS, Settings
+from quoteflow.fleet import Coordinator
 from quoteflow.hostmetrics import HostTelemetry
 from quoteflow.logs import log_event
 from quoteflow.observe import Telemetry
-from quoteflow.options import ConfigError, metrics_dir, settings_from_environ
+from quoteflow.options import ConfigError, loggable, metrics_dir, settings_from_environ
+from quoteflow.retry import RetryBudget, RetryLimiter
 from quoteflow.service import QuoteService, SupplierGateway
+from quoteflow.slots import OutboundLimiter, OutboundSlots
 from quoteflow.supplier import SupplierClient
 
 log = logging.getLogger("quoteflow")
 
 SETTINGS = web.AppKey("settings", Settings)
 SUPPLIER_CLIENT = web.AppKey("supplier_client", SupplierClient)
+COORDINATOR = web.AppKey("coordinator", Coordinator)
+"""Fleet mode only (``redis_url`` set): this worker's link to the others through Redis."""
 
 GatewayFactory = Callable[[SupplierClient], SupplierGateway]
 
@@ -75,6 +79,9 @@ def create_app(
         app[handlers.TELEMETRY] = Telemetry(CollectorRegistry(auto_describe=True))
     app[handlers.READY] = [True]
     app.on_shutdown.append(_stop_being_ready)
+    if settings.redis_url is not None:
+        # Before the session: closed after it, once no attempt holds a slot.
+        app.cleanup_ctx.append(_coordination)
     app.cleanup_ctx.append(_supplier_session(gateway))
     handlers.add_routes(app)
     return app
@@ -130,7 +137,7 @@ async def gunicorn_app() -> web.AppRunner:
         raise SystemExit(WORKER_BOOT_ERROR) from None
     logs.configure(settings.log_level, settings.log_format, process_ids=True)
     host_metrics = metrics_dir(os.environ) is not None
-    fields = attrs.asdict(settings)
+    fields = loggable(settings)
     for gunicorns in ("host", "port", "event_loop"):  # gunicorn's options decide these
         del fields[gunicorns]
     log_event(
@@ -170,6 +177,41 @@ class DrainingRunner(web.AppRunner):
         await super().cleanup()
 
 
+async def _coordination(app: web.Application) -> AsyncIterator[None]:
+    """Fleet mode: join the other workers through Redis, and leave them at shutdown.
+
+    Starting opens no connection that could block: a Redis that is down at
+    start-up only means this worker starts on its own limits and joins later.
+    """
+    coordinator = Coordinator(app[SETTINGS])
+    await coordinator.start()
+    app[COORDINATOR] = coordinator
+    app[handlers.TELEMETRY].watch_coordination(
+        up=lambda: float(coordinator.up),
+        leased=lambda: float(coordinator.slots.leased_total),
+        workers=lambda: float(coordinator.workers),
+        syncs=lambda: coordinator.syncs,
+    )
+    try:
+        yield
+    finally:
+        await coordinator.close()
+
+
+def _limits(app: web.Application) -> tuple[OutboundLimiter, dict[str, RetryLimiter]]:
+    """The outbound slots and retry budgets: the fleet's when there is one, else in memory."""
+    settings = app[SETTINGS]
+    coordinator = app.get(COORDINATOR)
+    if coordinator is not None:
+        return coordinator.slots, dict(coordinator.budgets)
+    slots = OutboundSlots(settings.outbound_limit, settings.supplier_share, SUPPLIERS)
+    budgets: dict[str, RetryLimiter] = {
+        supplier: RetryBudget(settings.retry_budget_capacity, settings.retry_budget_earn)
+        for supplier in SUPPLIERS
+    }
+    return slots, budgets
+
+
 def _supplier_session(
     gateway: GatewayFactory | None,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -196,7 +238,8 @@ def _supplier_session(
             # dropped connection (aio-libs/aiohttp#10790): our two attempts
             # would become four on the wire. Only this private switch stops it.
             session._retry_connection = False
-            client = SupplierClient(session, settings)
+            slots, budgets = _limits(app)
+            client = SupplierClient(session, settings, slots=slots, retry_budgets=budgets)
             telemetry = app[handlers.TELEMETRY]
             breakers = None
             if settings.breaker_failures:

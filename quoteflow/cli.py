@@ -10,14 +10,13 @@ import signal
 import sys
 from collections.abc import Sequence
 
-import attrs
 from aiohttp import web
 
 from quoteflow import logs
 from quoteflow.app import begin_draining, create_app
 from quoteflow.config import Settings
 from quoteflow.logs import log_event
-from quoteflow.options import ConfigError, parse_settings
+from quoteflow.options import ConfigError, loggable, parse_settings
 
 __all__ = ["ConfigError", "main", "parse_settings"]
 
@@ -32,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"quoteflow: error: {exc}", file=sys.stderr)
         return 2
     logs.configure(settings.log_level, settings.log_format)
-    log_event(log, logging.INFO, "starting", attrs.asdict(settings))
+    log_event(log, logging.INFO, "starting", loggable(settings))
     try:
         loop = _new_event_loop(settings.event_loop)
     except ImportError:

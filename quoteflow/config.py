@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import attrs
 from attrs import validators as v
 from yarl import URL
@@ -20,6 +22,20 @@ def _positive(instance: object, attribute: attrs.Attribute[float], value: float)
     # overflow every deadline computed from it).
     if not 0 < value <= 3600:
         raise ValueError(f"{attribute.name} must be more than 0 and at most 3600 s, got {value!r}")
+
+
+_PREFIX = re.compile(r"[!-~]{1,100}")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (if any) masked, fit for a log line or an error."""
+    try:
+        parsed = URL(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if parsed.password is None:
+        return url
+    return str(parsed.with_password("***"))
 
 
 def _lower(value: str) -> str:
@@ -101,6 +117,13 @@ class Settings:
     """Bearer keys that open ``/api/`` routes; ``None`` (the default): no key needed."""
     metrics_require_key: bool = attrs.field(default=False, validator=v.instance_of(bool))
     """Ask ``/metrics`` callers for one of ``api_keys`` too."""
+    redis_url: str | None = attrs.field(default=None)
+    """Fleet mode: the Redis that holds the outbound limit, shares and retry budgets of
+    every worker (``redis://host:port/db``); ``None`` (the default): one process, in memory."""
+    redis_timeout: float = attrs.field(default=0.05, validator=_positive)
+    """Time limit of every Redis call, seconds; past it the worker uses its own limits."""
+    redis_prefix: str = attrs.field(default="quoteflow")
+    """Prefix of QuoteFlow's Redis keys, so several fleets can share one Redis."""
 
     @provider_url.validator
     def _check_provider_url(self, attribute: attrs.Attribute[str], value: str) -> None:
@@ -112,6 +135,40 @@ class Settings:
             raise ValueError(problem) from None
         if url.scheme not in ("http", "https") or not url.host:
             raise ValueError(problem)
+
+    @redis_url.validator
+    def _check_redis_url(self, attribute: attrs.Attribute[str | None], value: str | None) -> None:
+        if value is None:
+            return
+        problem = (
+            f"redis_url must be a redis://, rediss:// or unix:// URL, got {redact_url(value)!r}"
+        )
+        try:
+            url = URL(value)
+            url.port  # noqa: B018 -- parsing the port is the check
+        except ValueError:
+            raise ValueError(problem) from None
+        if url.scheme in ("redis", "rediss"):
+            if not url.host:
+                raise ValueError(problem)
+        elif url.scheme != "unix" or not url.path:
+            raise ValueError(problem)
+
+    @redis_timeout.validator
+    def _check_redis_timeout(self, attribute: attrs.Attribute[float], value: float) -> None:
+        # A Redis call must be able to fail and leave time for the request to go
+        # on with local limits: it can never use up a whole budget.
+        if value >= self.budget:
+            raise ValueError(
+                f"redis_timeout must be below the budget ({self.budget} s), got {value!r}"
+            )
+
+    @redis_prefix.validator
+    def _check_redis_prefix(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if not _PREFIX.fullmatch(value):
+            raise ValueError(
+                f"redis_prefix must be 1-100 printable characters without spaces, got {value!r}"
+            )
 
     @metrics_require_key.validator
     def _check_metrics_key(self, attribute: attrs.Attribute[bool], value: bool) -> None:

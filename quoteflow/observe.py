@@ -334,6 +334,56 @@ class Telemetry:
         level = logging.WARNING if state is State.OPEN else logging.INFO
         log_event(log, level, _CIRCUIT_EVENTS[state], {"supplier": supplier, **fields})
 
+    def watch_coordination(
+        self,
+        up: Callable[[], float],
+        leased: Callable[[], float],
+        workers: Callable[[], float],
+        syncs: Callable[[], Mapping[str, float]],
+    ) -> None:
+        """Fleet mode only (absent in one process): this worker's link to Redis, at scrape time.
+
+        Host-wide (under gunicorn) the link is up only if every live worker's
+        is, the leases add up, and the worker count is the largest seen.
+        """
+
+        def gauge(
+            name: str, documentation: str, read: Callable[[], float], mode: HostMode
+        ) -> PlainGauge:
+            found = PlainGauge(name, documentation, host_mode=mode)
+            found.readers[()] = read
+            return found
+
+        gauges = (
+            gauge(
+                "quoteflow_coordination_up",
+                "1 while Redis answers, 0 on local limits.",
+                up,
+                "livemin",
+            ),
+            gauge(
+                "quoteflow_outbound_leased",
+                "Outbound slots leased from the fleet now.",
+                leased,
+                "livesum",
+            ),
+            gauge(
+                "quoteflow_coordination_workers",
+                "Live workers the last sync saw.",
+                workers,
+                "livemax",
+            ),
+        )
+        self.add(
+            *gauges,
+            ReadCounter(
+                "quoteflow_coordination_syncs",
+                "Syncs with Redis by result.",
+                ("result",),
+                lambda: {(result,): count for result, count in syncs().items()},
+            ),
+        )
+
     def served(self, report: QuoteReport) -> None:
         """A request was answered with a result: count it and log its bill.
 

@@ -11,11 +11,14 @@ whose text names the flag or variable it came from.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
+import attrs
+
 from quoteflow.auth import ApiKeys, ApiKeysError
-from quoteflow.config import Settings
+from quoteflow.config import Settings, redact_url
 
 ENV_PREFIX = "QUOTEFLOW_"
 
@@ -71,6 +74,12 @@ _OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
         "file of bearer keys for /api/quotes, one per line (default: no key needed)",
     ),
     "metrics_require_key": (_boolean, "/metrics needs a key too (with --api-keys-file)"),
+    "redis_url": (
+        str,
+        "fleet mode: the Redis every worker shares, redis://host:port/db (default: none)",
+    ),
+    "redis_timeout": (float, "time limit of each Redis call, seconds; below the budget (0.05)"),
+    "redis_prefix": (str, "prefix of QuoteFlow's Redis keys (quoteflow)"),
 }
 
 _FLAGS = {"max_supplier_body_bytes": "--max-supplier-body", "api_keys": "--api-keys-file"}
@@ -138,9 +147,20 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
                 f"{source}: {raw!r} is not a valid {convert.__name__.strip('_')}"
             ) from None
     try:
-        return Settings(**values)
+        settings = Settings(**values)
     except (ValueError, TypeError) as exc:
         raise ConfigError(str(exc)) from None
+    if settings.redis_url is not None and importlib.util.find_spec("redis") is None:
+        raise ConfigError("--redis-url needs the Redis client: pip install 'quoteflow[fleet]'")
+    return settings
+
+
+def loggable(settings: Settings) -> dict[str, Any]:
+    """The settings as the ``starting`` event shows them: a Redis password never reaches a log."""
+    fields = attrs.asdict(settings)
+    if settings.redis_url is not None:
+        fields["redis_url"] = redact_url(settings.redis_url)
+    return fields
 
 
 def settings_from_environ(environ: Mapping[str, str]) -> Settings:

@@ -13,11 +13,36 @@ kept. These refine *whether* that retry is sent:
    retries keep working (a flaky one) is never throttled, while one that is
    down drains the bucket and is then retried only on the small trickle that
    every first attempt earns: its load falls from 2x towards 1.1x.
+
+``RetryLimiter`` is the seam for 3: ``RetryBudget`` is one process's bucket;
+``fleet.FleetRetryBudget`` shares one bucket per supplier among every worker.
 """
 
 from __future__ import annotations
 
 import collections
+from typing import Protocol
+
+
+class RetryLimiter(Protocol):
+    """One supplier's retry budget, as the supplier client uses it (never awaits)."""
+
+    @property
+    def tokens(self) -> float:
+        """Retries that may still be spent now."""
+        ...
+
+    def first_attempt(self) -> None:
+        """A request to the supplier earns a small share of a retry."""
+        ...
+
+    def try_spend(self) -> bool:
+        """Take one retry if there is one."""
+        ...
+
+    def paid_off(self) -> None:
+        """The retry brought a quote: its token comes back."""
+        ...
 
 
 def retry_after_delay(value: str | None) -> float | None:

@@ -10,6 +10,10 @@ were a visible part of QuoteFlow's CPU per request.
 
 No lock: every call comes from the event loop's thread, and nothing between
 checking and taking a slot awaits.
+
+``OutboundLimiter`` is the seam: the supplier client needs only ``acquire``,
+``release`` and ``in_use``. ``OutboundSlots`` holds them for one process;
+``fleet.FleetSlots`` holds them for every worker sharing a Redis (fleet mode).
 """
 
 from __future__ import annotations
@@ -17,6 +21,24 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Iterable
+from typing import Protocol
+
+
+class OutboundLimiter(Protocol):
+    """The outbound limit and each supplier's share, as the supplier client uses them."""
+
+    @property
+    def in_use(self) -> int:
+        """Slots this process's attempts hold now."""
+        ...
+
+    async def acquire(self, supplier: str) -> None:
+        """Wait until an attempt at ``supplier`` may start; a cancelled wait holds nothing."""
+        ...
+
+    def release(self, supplier: str) -> None:
+        """The attempt at ``supplier`` is over: its slot is free for the next one."""
+        ...
 
 
 class OutboundSlots:

@@ -51,8 +51,8 @@ from quoteflow.models import (
     SupplierTrace,
     http_failure_code,
 )
-from quoteflow.retry import AttemptTimeEstimate, RetryBudget, retry_after_delay
-from quoteflow.slots import OutboundSlots
+from quoteflow.retry import AttemptTimeEstimate, RetryBudget, RetryLimiter, retry_after_delay
+from quoteflow.slots import OutboundLimiter, OutboundSlots
 
 TRANSIENT_ERRORS: Final = (
     aiohttp.ClientConnectorError,  # refused or unreachable before a byte was sent
@@ -119,11 +119,11 @@ _URLS_KEPT: Final = 1024
 class _SupplierState:
     """What the process knows about one supplier, shared by every request."""
 
-    def __init__(self, supplier: str, settings: Settings) -> None:
+    def __init__(self, supplier: str, settings: Settings, retry_budget: RetryLimiter) -> None:
         self.url = URL(settings.provider_url) / "quotes" / supplier
         self._urls: dict[tuple[str, str], URL] = {}
         self.attempt_time = AttemptTimeEstimate(settings.min_attempt_time)
-        self.retry_budget = RetryBudget(settings.retry_budget_capacity, settings.retry_budget_earn)
+        self.retry_budget = retry_budget
 
     def url_for(self, request: QuoteRequest) -> URL:
         """The supplier's URL for ``request``'s SKU and scenario, built once and reused.
@@ -147,12 +147,36 @@ class SupplierClient:
 
     Each supplier may hold at most its share of the outbound slots, so one
     that hangs can never take the capacity the healthy ones need.
+
+    ``slots`` and ``retry_budgets`` (one per supplier) are injected by the
+    composition root: in-memory for one process, Redis-backed in fleet mode.
+    Left out, they are this process's own ``OutboundSlots`` and ``RetryBudget`` objects.
     """
 
-    def __init__(self, session: aiohttp.ClientSession, settings: Settings) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        settings: Settings,
+        *,
+        slots: OutboundLimiter | None = None,
+        retry_budgets: Mapping[str, RetryLimiter] | None = None,
+    ) -> None:
         self._session = session
-        self._slots = OutboundSlots(settings.outbound_limit, settings.supplier_share, SUPPLIERS)
-        self._suppliers = {supplier: _SupplierState(supplier, settings) for supplier in SUPPLIERS}
+        if slots is None:
+            slots = OutboundSlots(settings.outbound_limit, settings.supplier_share, SUPPLIERS)
+        self._slots = slots
+        budgets = (
+            retry_budgets
+            if retry_budgets is not None
+            else {
+                supplier: RetryBudget(settings.retry_budget_capacity, settings.retry_budget_earn)
+                for supplier in SUPPLIERS
+            }
+        )
+        self._suppliers = {
+            supplier: _SupplierState(supplier, settings, budgets[supplier])
+            for supplier in SUPPLIERS
+        }
         self._attempts = settings.attempts
         self._backoff = (settings.backoff_min, settings.backoff_max)
         self._retry_after_cap = settings.retry_after_cap

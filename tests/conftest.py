@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -12,6 +12,7 @@ from pytest_aiohttp import AiohttpClient, AiohttpServer
 from quoteflow.app import GatewayFactory, create_app
 from quoteflow.config import Settings
 from tests.fakes import FakeSuppliers
+from tests.redis_server import RedisServer, redis_server_binary
 
 StartQuoteFlow = Callable[..., Awaitable[TestClient[Any, Any]]]
 
@@ -40,3 +41,14 @@ def start_quoteflow(aiohttp_client: AiohttpClient, suppliers: FakeSuppliers) -> 
         return await aiohttp_client(create_app(Settings(**values), gateway=gateway))
 
     return start
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A real, empty redis-server of this test's own, stopped afterwards."""
+    server = RedisServer(redis_server_binary())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -24,6 +24,7 @@ LAYERS = [
     "service",
     "breaker",
     "supplier",
+    "fleet",
     "slots",
     "retry",
     "codec",

@@ -1,0 +1,336 @@
+"""Fleet mode's core on a real redis-server: several workers in one process, each its own.
+
+Every ``Coordinator`` here has its own worker id and its own Redis connections,
+exactly as separate processes would; only the SIGKILL test needs a real second
+process, because only a real process can die without a word.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import random
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from quoteflow.config import SUPPLIERS, Settings
+from quoteflow.fleet import LOCAL, TTL, Coordinator, fleet_holdings
+from tests.redis_server import RedisServer
+
+ROOT = Path(__file__).resolve().parent.parent
+"""The repository: ``python -m tests.fleet_worker`` runs from here."""
+
+REDIS_TIMEOUT = 0.2
+"""Generous for a loaded test machine: a slow call here must not look like Redis down."""
+
+
+def fleet_settings(redis: RedisServer, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {"redis_url": redis.url, "redis_timeout": REDIS_TIMEOUT}
+    values.update(overrides)
+    return Settings(**values)
+
+
+async def wait_until(condition: Callable[[], bool], within: float = 3.0) -> float:
+    """Seconds until ``condition()`` held; fails after ``within`` seconds."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > within:
+            raise AssertionError(f"not within {within} s")
+        await asyncio.sleep(0.005)
+    return time.monotonic() - started
+
+
+@asynccontextmanager
+async def workers(
+    redis: RedisServer, count: int = 2, **overrides: Any
+) -> AsyncIterator[list[Coordinator]]:
+    """``count`` workers that have joined the fleet; closed (with a goodbye) afterwards."""
+    started = [Coordinator(fleet_settings(redis, **overrides)) for _ in range(count)]
+    try:
+        for coordinator in started:
+            await coordinator.start()
+        await wait_until(lambda: all(c.up for c in started))
+        yield started
+    finally:
+        for coordinator in started:
+            await coordinator.close()
+
+
+@asynccontextmanager
+async def redis_client(redis: RedisServer) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis.url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+async def fleet_held(redis: RedisServer) -> dict[str, int]:
+    """Slots held per supplier by every live worker together, as Redis has them."""
+    async with redis_client(redis) as client:
+        holdings = await fleet_holdings(client, "quoteflow")
+    return {s: sum(worker.get(s, 0) for worker in holdings.values()) for s in SUPPLIERS}
+
+
+class Meter:
+    """Attempts in flight across every worker, per supplier, and the highest counts seen."""
+
+    def __init__(self) -> None:
+        self.now: collections.Counter[str] = collections.Counter()
+        self.peak: collections.Counter[str] = collections.Counter()
+        self.total = 0
+        self.peak_total = 0
+        self.done: collections.Counter[str] = collections.Counter()
+
+    async def attempt(self, worker: Coordinator, supplier: str, hold: float) -> None:
+        """Take a slot as an attempt would, hold it for ``hold`` seconds, give it back."""
+        await worker.slots.acquire(supplier)
+        try:
+            self.now[supplier] += 1
+            self.total += 1
+            self.peak[supplier] = max(self.peak[supplier], self.now[supplier])
+            self.peak_total = max(self.peak_total, self.total)
+            await asyncio.sleep(hold)
+        finally:
+            self.now[supplier] -= 1
+            self.total -= 1
+            worker.slots.release(supplier)
+        self.done[worker.worker_id] += 1
+
+    async def keep_busy(self, worker: Coordinator, seconds: float, hold: float = 0.003) -> None:
+        """Attempt after attempt at random suppliers for ``seconds``."""
+        stop = time.monotonic() + seconds
+        while time.monotonic() < stop:
+            await self.attempt(worker, random.choice(SUPPLIERS), hold)
+
+
+@contextmanager
+def down_events(caplog: pytest.LogCaptureFixture) -> Iterator[Callable[[str], list[str]]]:
+    """Read the coordination events logged so far, by event name."""
+    caplog.set_level(logging.INFO, logger="quoteflow")
+
+    def named(event: str) -> list[str]:
+        return [
+            r.fields["worker"]  # type: ignore[attr-defined]
+            for r in caplog.records
+            if getattr(r, "event", None) == event
+        ]
+
+    yield named
+
+
+async def test_two_workers_never_exceed_the_limit_or_a_share(redis_server: RedisServer) -> None:
+    """Many attempts over two workers: at most 6 in flight, 4 per supplier, then nothing held."""
+    meter = Meter()
+    async with workers(redis_server) as (first, second):
+        jobs = [
+            meter.attempt(worker, random.choice(SUPPLIERS), random.uniform(0.001, 0.005))
+            for _ in range(150)
+            for worker in (first, second)
+        ]
+        await asyncio.gather(*jobs)
+        assert sum(meter.done.values()) == 300
+        assert meter.peak_total == 6  # the whole limit was used, never more
+        assert max(meter.peak.values()) <= 4
+        await wait_until(lambda: first.slots.leased_total == second.slots.leased_total == 0)
+        assert await fleet_held(redis_server) == dict.fromkeys(SUPPLIERS, 0)
+
+
+async def test_a_cancelled_waiter_holds_nothing(redis_server: RedisServer) -> None:
+    """A waiter whose deadline passes leaves the queue; one handed a slot gives it back."""
+    async with workers(redis_server) as (first, second):
+        for _ in range(4):
+            await first.slots.acquire("boreal")  # boreal's whole share
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(second.slots.acquire("boreal"), 0.1)
+        assert (second.slots.in_use, second.slots.waiting) == (0, 0)
+
+        mine = asyncio.create_task(first.slots.acquire("boreal"))
+        await asyncio.sleep(0.01)
+        first.slots.release("boreal")  # hands the slot to the waiter...
+        mine.cancel()  # ...which is cancelled before it runs
+        with pytest.raises(asyncio.CancelledError):
+            await mine
+        assert first.slots.held("boreal") == 3
+        for _ in range(3):
+            first.slots.release("boreal")
+        for _ in range(4):  # every slot of boreal's share is free for the other worker
+            await asyncio.wait_for(second.slots.acquire("boreal"), 1.0)
+        for _ in range(4):
+            second.slots.release("boreal")
+
+
+async def test_a_killed_workers_slots_come_back_within_the_ttl(redis_server: RedisServer) -> None:
+    """SIGKILL a worker holding boreal's whole share: within ttl the others can use it."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.fleet_worker",
+        redis_server.url,
+        "boreal",
+        "4",
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), 20)
+        assert line.strip() == b"holding"
+        async with workers(redis_server, count=1) as (survivor,):
+            assert (await fleet_held(redis_server))["boreal"] == 4
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(survivor.slots.acquire("boreal"), 0.2)
+            process.send_signal(signal.SIGKILL)
+            killed = time.monotonic()
+            for _ in range(4):
+                await asyncio.wait_for(survivor.slots.acquire("boreal"), TTL + 1.0)
+            assert time.monotonic() - killed <= TTL + 0.6
+            assert (await fleet_held(redis_server))["boreal"] == 4  # all of them ours now
+            for _ in range(4):
+                survivor.slots.release("boreal")
+    finally:
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
+
+
+async def test_an_idle_worker_strands_nothing(redis_server: RedisServer) -> None:
+    """Slots a worker stops using go back within a few ms; another worker gets all of them."""
+    async with workers(redis_server) as (busy, other):
+        for supplier in ("atlas", "atlas", "boreal", "boreal", "cedar", "cedar"):
+            await busy.slots.acquire(supplier)
+        for supplier in ("atlas", "atlas", "boreal", "boreal", "cedar", "cedar"):
+            busy.slots.release(supplier)
+        await wait_until(lambda: busy.slots.leased_total == 0, within=0.5)
+        for supplier in ("boreal", "boreal", "boreal", "boreal", "atlas", "cedar"):
+            await asyncio.wait_for(other.slots.acquire(supplier), 0.5)
+        assert await fleet_held(redis_server) == {"atlas": 1, "boreal": 4, "cedar": 1}
+        for supplier in ("boreal", "boreal", "boreal", "boreal", "atlas", "cedar"):
+            other.slots.release(supplier)
+
+
+async def test_two_saturating_workers_each_get_a_fair_part(redis_server: RedisServer) -> None:
+    """Both workers always waiting: each gets between a third and two thirds of the attempts."""
+    meter = Meter()
+    async with workers(redis_server) as (first, second):
+        syncs_before = first.syncs["ok"] + second.syncs["ok"]
+        await asyncio.gather(
+            *(meter.keep_busy(worker, 1.0) for worker in (first, second) for _ in range(12))
+        )
+        syncs = first.syncs["ok"] + second.syncs["ok"] - syncs_before
+    total = meter.done[first.worker_id] + meter.done[second.worker_id]
+    shares = [meter.done[w.worker_id] / total for w in (first, second)]
+    assert all(1 / 3 <= share <= 2 / 3 for share in shares), shares
+    assert meter.peak_total <= 6
+    assert max(meter.peak.values()) <= 4
+    assert syncs < total  # leases: well under one Redis round trip per attempt
+
+
+async def test_redis_stopped_means_local_limits_then_the_fleet_again(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis gone: one warning each, own limits at once; back within 2 s, nothing lost."""
+    with down_events(caplog) as named:
+        async with workers(redis_server) as (first, second):
+            for _ in range(4):
+                await first.slots.acquire("boreal")
+            waiter = asyncio.create_task(second.slots.acquire("boreal"))
+            await asyncio.sleep(0.05)
+            assert not waiter.done()  # the fleet's share of boreal is taken
+
+            redis_server.stop()
+            await asyncio.wait_for(waiter, 1.5)  # own limits: served once the worker knows
+            await wait_until(lambda: not first.up and not second.up, within=1.5)
+            assert first.slots.mode == second.slots.mode == LOCAL
+            for _ in range(4):  # each worker on its own: up to the limit, fleet or not
+                await asyncio.wait_for(second.slots.acquire("atlas"), 0.1)
+            await asyncio.sleep(0.6)  # a few failed reconnects: still one warning each
+            assert sorted(named("coordination_down")) == sorted([first.worker_id, second.worker_id])
+
+            redis_server.start()
+            back = await wait_until(lambda: first.up and second.up, within=2.5)
+            assert back <= 2.0
+            # Each reported what it holds right now: no slot lost, none counted twice.
+            assert await fleet_held(redis_server) == {"atlas": 4, "boreal": 5, "cedar": 0}
+            for _ in range(4):
+                first.slots.release("boreal")
+                second.slots.release("atlas")
+            second.slots.release("boreal")
+            await wait_until(lambda: first.slots.leased_total == second.slots.leased_total == 0)
+            assert await fleet_held(redis_server) == dict.fromkeys(SUPPLIERS, 0)
+            assert len(named("coordination_down")) == 2
+
+
+async def test_a_slow_redis_is_a_down_redis(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis not answering within redis_timeout: local limits at once; no acquire waits on it."""
+    with down_events(caplog) as named:
+        async with workers(redis_server, count=1, redis_timeout=0.05) as (worker,):
+            assert redis_server.command("CLIENT", "PAUSE", "700", "ALL") == "+OK"
+            worker.request_sync(0)
+            await wait_until(lambda: not worker.up, within=0.5)
+            started = time.monotonic()
+            for supplier in ("atlas", "boreal", "cedar"):
+                await worker.slots.acquire(supplier)
+            assert time.monotonic() - started < 0.05  # no Redis call on the way
+            for supplier in ("atlas", "boreal", "cedar"):
+                worker.slots.release(supplier)
+            await wait_until(lambda: worker.up, within=2.0)
+            assert named("coordination_down") == [worker.worker_id]
+            assert named("coordination_up").count(worker.worker_id) == 2  # joined, came back
+
+
+async def test_redis_emptied_under_load_heals_within_a_second(redis_server: RedisServer) -> None:
+    """FLUSHALL while both workers are busy: the limit still holds, the counts are back soon."""
+    meter = Meter()
+    async with workers(redis_server) as (first, second):
+        load = [
+            asyncio.create_task(meter.keep_busy(worker, 1.6))
+            for worker in (first, second)
+            for _ in range(8)
+        ]
+        await asyncio.sleep(0.3)
+        assert redis_server.command("FLUSHALL") == "+OK"
+        flushed = time.monotonic()
+        while time.monotonic() - flushed < 1.0:
+            await asyncio.sleep(0.05)
+            held = await fleet_held(redis_server)
+            in_use = first.slots.in_use + second.slots.in_use
+            if sum(held.values()) >= in_use > 0:
+                break
+        else:
+            raise AssertionError("the fleet's counts did not come back within a second")
+        await asyncio.gather(*load)
+        assert meter.peak_total <= 6
+        assert max(meter.peak.values()) <= 4
+        assert first.up
+        assert second.up
+
+
+async def test_the_retry_budget_is_one_bucket_for_the_fleet(redis_server: RedisServer) -> None:
+    """Two workers spending boreal's retries together get one bucket's worth, not two."""
+    async with workers(redis_server) as (first, second):
+        spent = 0
+        for _ in range(100):
+            for worker in (first, second):
+                spent += worker.budgets["boreal"].try_spend()
+            await asyncio.sleep(0.002)  # syncs withdraw from the bucket meanwhile
+        assert spent == 20  # the capacity, once for the fleet
+        for _ in range(50):  # 100 requests earn 10 retries between them
+            first.budgets["boreal"].first_attempt()
+            second.budgets["boreal"].first_attempt()
+        for _ in range(100):
+            for worker in (first, second):
+                spent += worker.budgets["boreal"].try_spend()
+            await asyncio.sleep(0.002)
+        assert 28 <= spent <= 30
