@@ -183,13 +183,16 @@ if not epoch then
 end
 local quiet = now < epoch + quiet_ms
 
-local lowered = false
+-- Whether this worker now holds fewer slots of some supplier than its last record said.
 local previous = redis.call('HGET', KEYS[2], id)
-if previous then
-  local entry = parse(previous)
-  for i = 1, n do
-    local before = entry[names[i]]
-    if before and before[1] > held[i] then lowered = true end
+local lowered = false
+local function lower(now_held)
+  if previous then
+    local entry = parse(previous)
+    for i = 1, n do
+      local before = entry[names[i]]
+      if before and before[1] > now_held[i] then lowered = true end
+    end
   end
 end
 
@@ -250,6 +253,9 @@ if #writes > 0 then redis.call('HSET', KEYS[3], unpack(writes)) end
 if bye then
   redis.call('ZREM', KEYS[1], id)
   redis.call('HDEL', KEYS[2], id)
+  local none = {}
+  for i = 1, n do none[i] = 0 end
+  lower(none)
   publish()
   return {0, 0, 0, #others}
 end
@@ -338,6 +344,10 @@ for i = 1, n do
     starved = true
   end
 end
+
+local after_grants = {}
+for i = 1, n do after_grants[i] = held[i] + granted[i] end
+lower(after_grants)
 
 -- (3) This worker's whole truth, with a new expiry.
 local parts = {}
@@ -470,6 +480,8 @@ class FleetSlots:
         """Give back ``supplier``'s slot: to Redis if we hold too many, else to a local waiter."""
         self._held[supplier] -= 1
         self.in_use -= 1
+        if self.mode == FLEET and time.monotonic() >= self.valid_until:
+            self._lapsed()  # handing the slot on would use a lease Redis may have given away
         if self.mode == FLEET:
             if (
                 self.leased[supplier] > self.allowed[supplier]
@@ -588,8 +600,7 @@ class FleetSlots:
     def _check_want(self, supplier: str) -> None:
         """The last waiter for ``supplier`` is gone: soon, Redis should stop counting it."""
         if self.unmet[supplier] and not self._live(self._waiting[supplier]):
-            self.unmet[supplier] = 0
-            self._need_sync(LINGER)
+            self._need_sync(LINGER)  # worth_syncing finds unmet without waiters
 
     def _take(self, supplier: str) -> None:
         self._held[supplier] += 1
