@@ -15,16 +15,25 @@ to workers (YouTube's Doorman), and a request only ever waits on a local future.
        flight)      withdrawal                                    <ms of this record>"
                     ◀── grants, allowance, tokens     <p>:tokens  HASH   supplier → bucket level
                                                       <p>:epoch   STRING when this state began
-      listener ◀── SUBSCRIBE <p>:freed ── PUBLISH "freed" (slots back, someone waits) / "reset"
+      listener ◀── SUBSCRIBE <p>:freed ── PUBLISH "freed <id>" / "wanted <id>" / "reset <id>"
 
 **Leases.** Per supplier a worker keeps ``leased`` (slots Redis granted it),
 ``in use`` (attempts running, never more than ``leased`` while Redis is up) and
 a FIFO of local waiters. A released slot is handed to the next local waiter
 for that supplier; a slot nobody here waits for is *idle* and goes back at the
-next sync, a few ms later (``LINGER``) or at once when another worker waits.
-A worker that holds more than its fair allowance gives the slot back instead
-of handing it on: that is what stops one busy worker keeping every slot while
-another one waits.
+next sync unless a taker of our own comes within ``LINGER``. A worker that
+holds more than its fair allowance gives the slot back instead of handing it
+on: that is what stops one busy worker keeping every slot while another waits.
+
+**When a worker syncs.** Never more than one sync in flight; what is asked
+meanwhile folds into the next. A request for a sync only schedules a *check*:
+when it comes due, the worker syncs if Redis counts its holdings or its
+waiters wrong, if the last sync saw a slot it could get, on the heartbeat,
+on the ``POLL`` safety net while it waits — or when a message says a slot was
+freed elsewhere (then always). What sorted itself out meanwhile (an idle slot
+taken again, a waiter served by a local hand-over) costs no round trip.
+Measured with two saturated workers (0 ms suppliers): about 0.05 round trips
+per answered request, ~20 syncs a second per worker whatever the load.
 
 **The script** (``SCRIPT``; arguments and reply in ``Coordinator._sync``).
 One call: (1) reads Redis' own clock (``TIME``: one clock for the fleet);
@@ -38,9 +47,9 @@ likewise; (6) grants what it wants, one slot at a time round the suppliers, up
 to the share, the limit and — when others wait too — its allowance;
 (7) settles the retry tokens; (8) publishes on ``<p>:freed``: ``freed`` when it
 lowered what this worker holds, or dropped a dead worker, while someone
-waits; ``wanted`` when this worker waits below its fair part because others
-hold more than theirs (they sync at once, learn their smaller part, and give
-back on release).
+waits; ``wanted`` (at most once per ``POLL``) when this worker waits below its
+fair part because others hold more than theirs (they sync at once, learn
+their smaller part, and give back on release). A worker ignores its own.
 Redis runs a script as one atomic step: no other client's command runs in the
 middle, so checking the limit and taking a slot can never interleave with
 another worker's — the whole check-and-take of ``OutboundSlots``, fleet-wide.
@@ -58,6 +67,11 @@ double-counted. A worker that had joined and finds the epoch gone starts a new
 one and publishes ``reset``: every worker reports at once, and for ``QUIET``
 (one heartbeat and a bit) the script grants nothing, until everyone who held
 slots has said so — the limit holds across the flush too.
+
+**Fairness.** Two workers that both always wait get the limit's halves (three
+slots each of six, two of each supplier's four); a remainder that does not
+divide evenly goes round the workers once a second. Within a worker, waiters
+are served first come, first served per supplier.
 
 **Fallback.** Any Redis error, or a call past ``redis_timeout``: the worker is
 *down* — one ``coordination_down`` warning, ``quoteflow_coordination_up`` 0 —
@@ -77,9 +91,12 @@ together holds one bucket, not one per worker. Tokens carried by a sync whose
 answer never came are dropped, not re-sent: at worst a few retries fewer,
 never a token counted twice.
 
-Leases also mean slots in flight stay correct when a worker is merely slow:
-only a worker that stalls longer than ``LEASE_TRUST`` with attempts already
-sent (they run on) can overlap with slots Redis re-granted meanwhile.
+What is left open, on purpose: a worker that stalls longer than
+``LEASE_TRUST`` with attempts already sent (they run on) can overlap with
+slots Redis re-granted meanwhile; a worker *started* while Redis is empty
+again (not one that had joined) does not trigger ``QUIET``; and on Python 3.11
+a cancellation can be lost inside redis-py's connect (``asyncio.wait_for``),
+which is why the background loops also stop on a flag (``close``).
 """
 
 from __future__ import annotations
@@ -183,13 +200,16 @@ if not epoch then
 end
 local quiet = now < epoch + quiet_ms
 
-local lowered = false
+-- Whether this worker now holds fewer slots of some supplier than its last record said.
 local previous = redis.call('HGET', KEYS[2], id)
-if previous then
-  local entry = parse(previous)
-  for i = 1, n do
-    local before = entry[names[i]]
-    if before and before[1] > held[i] then lowered = true end
+local lowered = false
+local function lower(now_held)
+  if previous then
+    local entry = parse(previous)
+    for i = 1, n do
+      local before = entry[names[i]]
+      if before and before[1] > now_held[i] then lowered = true end
+    end
   end
 end
 
@@ -250,6 +270,9 @@ if #writes > 0 then redis.call('HSET', KEYS[3], unpack(writes)) end
 if bye then
   redis.call('ZREM', KEYS[1], id)
   redis.call('HDEL', KEYS[2], id)
+  local none = {}
+  for i = 1, n do none[i] = 0 end
+  lower(none)
   publish()
   return {0, 0, 0, #others}
 end
@@ -338,6 +361,10 @@ for i = 1, n do
     starved = true
   end
 end
+
+local after_grants = {}
+for i = 1, n do after_grants[i] = held[i] + granted[i] end
+lower(after_grants)
 
 -- (3) This worker's whole truth, with a new expiry.
 local parts = {}
@@ -470,6 +497,8 @@ class FleetSlots:
         """Give back ``supplier``'s slot: to Redis if we hold too many, else to a local waiter."""
         self._held[supplier] -= 1
         self.in_use -= 1
+        if self.mode == FLEET and time.monotonic() >= self.valid_until:
+            self._lapsed()  # handing the slot on would use a lease Redis may have given away
         if self.mode == FLEET:
             if (
                 self.leased[supplier] > self.allowed[supplier]
@@ -588,8 +617,7 @@ class FleetSlots:
     def _check_want(self, supplier: str) -> None:
         """The last waiter for ``supplier`` is gone: soon, Redis should stop counting it."""
         if self.unmet[supplier] and not self._live(self._waiting[supplier]):
-            self.unmet[supplier] = 0
-            self._need_sync(LINGER)
+            self._need_sync(LINGER)  # worth_syncing finds unmet without waiters
 
     def _take(self, supplier: str) -> None:
         self._held[supplier] += 1

@@ -127,3 +127,71 @@ def test_help_names_every_variable() -> None:
     text = " ".join(done.stdout.split())  # argparse wraps lines
     for name in env_names():
         assert f"[env {name}]" in text
+
+
+def test_fleet_settings_come_from_flags_and_environment() -> None:
+    """--redis-url, --redis-timeout, --redis-prefix and their QUOTEFLOW_REDIS_* variables."""
+    assert (Settings().redis_url, Settings().redis_timeout, Settings().redis_prefix) == (
+        None,
+        0.05,
+        "quoteflow",
+    )
+    environ = {
+        "QUOTEFLOW_REDIS_URL": "redis://127.0.0.1:6379/0",
+        "QUOTEFLOW_REDIS_TIMEOUT": "0.1",
+        "QUOTEFLOW_REDIS_PREFIX": "fleet-a",
+    }
+    settings = parse_settings(["--redis-prefix", "fleet-b"], environ)
+    assert settings.redis_url == "redis://127.0.0.1:6379/0"
+    assert settings.redis_timeout == 0.1
+    assert settings.redis_prefix == "fleet-b"
+    assert parse_settings(["--redis-url", "unix:///run/redis.sock"], {}).redis_url
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["--redis-url", "http://127.0.0.1:6379"], "redis_url"),
+        (["--redis-url", "redis://"], "redis_url"),
+        (["--redis-url", "redis://h:port"], "redis_url"),
+        (["--redis-timeout", "0"], "redis_timeout"),
+        (["--redis-timeout", "0.8"], "below the budget"),
+        (["--budget", "0.2", "--redis-timeout", "0.3"], "below the budget"),
+        (["--redis-prefix", "two words"], "redis_prefix"),
+        (["--redis-prefix", ""], "redis_prefix"),
+    ],
+)
+def test_bad_fleet_settings_are_refused(argv: list[str], problem: str) -> None:
+    """A Redis URL, time limit or prefix QuoteFlow cannot use stops start-up, naming it."""
+    with pytest.raises(ConfigError, match=problem):
+        parse_settings(argv, {})
+
+
+def test_a_redis_password_never_appears_in_an_error() -> None:
+    """A refused Redis URL is named with its password masked."""
+    with pytest.raises(ConfigError) as refused:
+        parse_settings(["--redis-url", "http://user:s3cret@127.0.0.1:6379"], {})
+    assert "s3cret" not in str(refused.value)
+    assert "***" in str(refused.value)
+
+
+def test_a_redis_password_never_reaches_the_log() -> None:
+    """The starting event names the Redis URL with its password masked."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "quoteflow",
+            "--redis-url",
+            "redis://:s3cret@127.0.0.1:1/0",
+            "--host",
+            "256.0.0.1",  # cannot listen: the process logs, fails and exits at once
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "s3cret" not in done.stderr
+    assert "redis://:***@127.0.0.1:1/0" in done.stderr

@@ -334,3 +334,19 @@ async def test_the_retry_budget_is_one_bucket_for_the_fleet(redis_server: RedisS
                 spent += worker.budgets["boreal"].try_spend()
             await asyncio.sleep(0.002)
         assert 28 <= spent <= 30
+
+
+async def test_a_lease_not_renewed_in_time_is_not_used(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker whose last renewal is older than it may trust goes to its own limits at once."""
+    with down_events(caplog) as named:
+        async with workers(redis_server, count=1) as (worker,):
+            await worker.slots.acquire("atlas")
+            worker.slots.release("atlas")  # an idle leased slot, kept for a few ms
+            worker.slots.valid_until = time.monotonic() - 1  # as after a long stall
+            await worker.slots.acquire("atlas")
+            assert worker.slots.mode == LOCAL
+            assert named("coordination_down") == [worker.worker_id]
+            worker.slots.release("atlas")
+            await wait_until(lambda: worker.up, within=2.0)  # and back at the next sync
