@@ -247,7 +247,7 @@ async def test_redis_stopped_means_local_limits_then_the_fleet_again(
             await asyncio.sleep(0.05)
             assert not waiter.done()  # the fleet's share of boreal is taken
 
-            redis_server.stop()
+            await asyncio.to_thread(redis_server.stop)  # the loop keeps serving meanwhile
             await asyncio.wait_for(waiter, 1.5)  # own limits: served once the worker knows
             await wait_until(lambda: not first.up and not second.up, within=1.5)
             assert first.slots.mode == second.slots.mode == LOCAL
@@ -256,7 +256,7 @@ async def test_redis_stopped_means_local_limits_then_the_fleet_again(
             await asyncio.sleep(0.6)  # a few failed reconnects: still one warning each
             assert sorted(named("coordination_down")) == sorted([first.worker_id, second.worker_id])
 
-            redis_server.start()
+            await asyncio.to_thread(redis_server.start)
             back = await wait_until(lambda: first.up and second.up, within=2.5)
             assert back <= 2.0
             # Each reported what it holds right now: no slot lost, none counted twice.

@@ -98,7 +98,11 @@ async def test_no_capacity_is_stranded_between_two_workers(
     stop.set()
     await asyncio.gather(*load)
     # 6 slots / 50 ms = 120 attempts a second at most (40 answered requests).
-    assert attempts_per_second >= 0.8 * 120, attempts_per_second
+    # Capacity stranded in one worker would halve that; everything here (two
+    # apps, the suppliers, the callers) shares one event loop on a shared
+    # machine, so the bound sits between the two. The 90 % is
+    # measured on real processes by `make bench` (bench/fleet.py).
+    assert attempts_per_second >= 0.65 * 120, attempts_per_second
     assert all(status == 200 for per in seen for status, _ in per)
     assert suppliers.max_in_flight <= 6
     assert min(len(per) for per in seen) >= 0.3 * sum(len(per) for per in seen)  # both served
@@ -123,7 +127,7 @@ async def test_redis_down_and_back_under_load(
     ]
     await asyncio.sleep(0.3)
 
-    redis_server.stop()
+    await asyncio.to_thread(redis_server.stop)  # the loop keeps serving meanwhile
     await wait_until(lambda: not any(c.up for c in coordinators), within=1.5)
     assert [await metric(client, "quoteflow_coordination_up") for client in workers] == [
         "0.0",
@@ -131,7 +135,7 @@ async def test_redis_down_and_back_under_load(
     ]
     await asyncio.sleep(0.6)  # serving on local limits, reconnecting now and then
 
-    redis_server.start()
+    await asyncio.to_thread(redis_server.start)
     back = await wait_until(lambda: all(c.up for c in coordinators), within=2.5)
     assert back <= 2.0
     await asyncio.sleep(0.5)  # attempts started on local limits are over; grants resume
