@@ -17,6 +17,7 @@ import pytest
 
 from quoteflow import models
 from tests.conftest import StartQuoteFlow
+from tests.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -89,15 +90,26 @@ def test_every_bench_variable_is_in_benchmark_md() -> None:
     assert _missing(names, BENCHMARK) == []
 
 
-async def test_every_metric_is_in_operations_md(start_quoteflow: StartQuoteFlow) -> None:
-    """Every metric family the real app exports, after one request, is in docs/operations.md."""
-    client = await start_quoteflow()
+@pytest.mark.parametrize("fleet", [False, True], ids=["one-process", "fleet"])
+async def test_every_metric_is_in_operations_md(
+    start_quoteflow: StartQuoteFlow, request: pytest.FixtureRequest, fleet: bool
+) -> None:
+    """Every metric family the real app exports, after one request, is in docs/operations.md.
+
+    In fleet mode too (a real redis-server): its coordination metrics exist only there.
+    """
+    overrides: dict[str, object] = {}
+    if fleet:
+        redis: RedisServer = request.getfixturevalue("redis_server")
+        overrides = {"redis_url": redis.url, "redis_timeout": 0.2}
+    client = await start_quoteflow(**overrides)
     answer = await client.post("/api/quotes", json={})
     assert answer.status == 200
     scrape = await client.get("/metrics")
     assert scrape.status == 200
     names = set(re.findall(r"^# TYPE (\S+) ", await scrape.text(), re.MULTILINE))
     assert "quoteflow_requests_total" in names, names
+    assert ("quoteflow_coordination_up" in names) == fleet
     assert _missing(names, OPERATIONS) == []
 
 
