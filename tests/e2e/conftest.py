@@ -69,6 +69,25 @@ def spawn(args: Sequence[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT)
 
 
+@contextlib.contextmanager
+def own_quoteflow(pair: Pair, log: Path, *flags: str) -> Iterator[str]:
+    """A QuoteFlow process of a test module's own, against the shared lab; its URL.
+
+    It must exit 0 on SIGTERM afterwards.
+    """
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with log.open("wb") as out:
+        process = spawn(
+            ["quoteflow", "--port", str(port), "--provider-url", pair.lab_url, *flags], out
+        )
+        try:
+            wait_healthy(url, process, log)
+            yield url
+        finally:
+            assert stop(process) == 0
+
+
 @attrs.frozen
 class Pair:
     """Where the running lab and QuoteFlow answer."""

@@ -11,24 +11,16 @@ import aiohttp
 import pytest
 
 from provider_lab.control_client import LabControl
-from tests.e2e.conftest import Pair, free_port, spawn, stop, wait_healthy
+from tests.e2e.conftest import Pair, own_quoteflow
 
 
 @pytest.fixture(scope="module")
 def service(pair: Pair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A fresh QuoteFlow with the defaults (budget 0.8 s, inbound 8, outbound 6), no breaker."""
     log = tmp_path_factory.mktemp("e2e-beyond") / "quoteflow.log"
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with log.open("wb") as out:
-        # The breaker off: the refinements of the retry loop are the subject here.
-        flags = ["--port", str(port), "--provider-url", pair.lab_url, "--breaker-failures", "0"]
-        process = spawn(["quoteflow", *flags], out)
-        try:
-            wait_healthy(url, process, log)
-            yield url
-        finally:
-            assert stop(process) == 0
+    # The breaker off: the refinements of the retry loop are the subject here.
+    with own_quoteflow(pair, log, "--breaker-failures", "0") as url:
+        yield url
 
 
 BUDGET_MS = 800

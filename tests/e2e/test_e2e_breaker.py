@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from provider_lab.control_client import LabControl
-from tests.e2e.conftest import Pair, free_port, spawn, stop, wait_healthy
+from tests.e2e.conftest import Pair, own_quoteflow
 
 BUDGET_S = 0.3
 OPEN_S = 0.3
@@ -22,19 +22,9 @@ OPEN_MAX_S = 0.6
 def service(pair: Pair, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """QuoteFlow with the default breaker (5 failures), short budget and open times."""
     log = tmp_path_factory.mktemp("e2e-breaker") / "quoteflow.log"
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    flags = [
-        *("--port", str(port), "--provider-url", pair.lab_url, "--budget", str(BUDGET_S)),
-        *("--breaker-open", str(OPEN_S), "--breaker-open-max", str(OPEN_MAX_S)),
-    ]
-    with log.open("wb") as out:
-        process = spawn(["quoteflow", *flags], out)
-        try:
-            wait_healthy(url, process, log)
-            yield url
-        finally:
-            assert stop(process) == 0
+    flags = ["--budget", str(BUDGET_S), "--breaker-open", str(OPEN_S)]
+    with own_quoteflow(pair, log, *flags, "--breaker-open-max", str(OPEN_MAX_S)) as url:
+        yield url
 
 
 async def post(session: aiohttp.ClientSession, url: str, **body: Any) -> dict[str, Any]:
