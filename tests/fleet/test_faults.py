@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 from typing import Any
 
 import aiohttp
+from redis.asyncio import Redis
 
 from provider_lab.control_client import LabControl
+from quoteflow.fleet import fleet_holdings
 from tests.fleet.conftest import BUDGET_S
 from tests.fleet.procs import Gunicorn, RedisServer, kill
 
@@ -115,3 +118,56 @@ async def test_redis_stopped_then_back_empty_costs_no_5xx_and_no_late_answer(
     for body in settled:  # nothing lost or double-counted across the switch
         assert body["failures"] == []
         assert [quote["supplier"] for quote in body["quotes"]] == ["boreal", "atlas"]
+
+
+async def _fleet_holds(redis_server: RedisServer) -> int:
+    """Slots every live worker holds, as the fleet's Redis records them."""
+    client = Redis.from_url(redis_server.url)
+    try:
+        holdings = await fleet_holdings(client, "quoteflow")
+    finally:
+        await client.aclose()
+    return sum(sum(per.values()) for per in holdings.values())
+
+
+async def test_after_random_worker_kills_the_fleet_holds_nothing_at_rest(
+    fleet: Gunicorn,
+    redis_server: RedisServer,
+    lab: LabControl,
+    session: aiohttp.ClientSession,
+) -> None:
+    """A soak with workers SIGKILLed at random: every answer 200 or a dropped call, then 0 held."""
+    await lab.add_fault("boreal", {"kind": "latency", "ms": 150})  # slots held across the kills
+    chance = random.Random(12)
+    done = asyncio.Event()
+    statuses: list[int] = []
+
+    async def caller() -> None:
+        while not done.is_set():
+            try:
+                async with session.post(f"{fleet.url}/api/quotes", json={}) as response:
+                    statuses.append(response.status)
+                    await response.read()
+            except aiohttp.ClientError:  # our worker died under us: gunicorn replaces it
+                await asyncio.sleep(0.05)
+
+    callers = [asyncio.create_task(caller()) for _ in range(6)]
+    try:
+        for _ in range(3):
+            await asyncio.sleep(chance.uniform(0.3, 0.6))
+            victim = chance.choice(sorted(fleet.workers()))
+            await asyncio.to_thread(kill, victim)
+            await asyncio.to_thread(fleet.wait_workers, 2)
+        await asyncio.sleep(0.5)
+    finally:
+        done.set()
+        await asyncio.gather(*callers)
+    assert statuses
+    assert set(statuses) <= {200, 503}
+    # At rest: the dead workers' entries expire (1 s), the live ones give back
+    # idle slots within a heartbeat; nothing may stay counted.
+    for _ in range(30):
+        if not (held := await _fleet_holds(redis_server)):
+            break
+        await asyncio.sleep(0.1)
+    assert held == 0
