@@ -57,7 +57,7 @@ _OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "log_level": (str, "debug, info, warning or error (default info)"),
     "log_format": (str, "json (default) or text, on stderr"),
     "event_loop": (str, "auto (default: uvloop if installed), asyncio, uvloop"),
-    "supplier_share": (int, "outbound slots one supplier may hold (default: limit / 3)"),
+    "supplier_share": (int, "outbound slots one supplier may hold (default: limit - 2, so 4 of 6)"),
     "min_attempt_time": (float, "least budget a second attempt needs, seconds"),
     "retry_budget_capacity": (float, "retries a supplier may spend in a burst (20)"),
     "retry_budget_earn": (float, "share of a retry each request earns (0.1)"),
