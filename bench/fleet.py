@@ -18,8 +18,6 @@ Target: fleet ÷ single ≤ 1.25, as the median of neighbouring pairs.
 
 from __future__ import annotations
 
-import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -34,6 +32,7 @@ from bench.procs import (
     Service,
     children,
     cpu_seconds,
+    find_or_install,
     free_port,
     http,
     start,
@@ -51,25 +50,11 @@ FLEET, SINGLE = "fleet", "single"
 WORKERS = 2
 TARGET = 1.25
 """Issue 12: fleet CPU per answer at most 1.25 × single-process in-memory mode."""
-REDIS_INSTALL = "apt-get update && apt-get install -y redis-server"
 
 
 def find_redis() -> str:
     """redis-server's path; installed if we are root on a Debian-like system (like wrk)."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    apt = shutil.which("apt-get")
-    if os.geteuid() == 0 and apt and os.environ.get("BENCH_NO_INSTALL") != "1":
-        print(f"redis-server not found: running `{REDIS_INSTALL}`", flush=True)
-        subprocess.run([apt, "update", "-qq"], check=True)
-        subprocess.run([apt, "install", "-y", "-qq", "redis-server"], check=True)
-        found = shutil.which("redis-server")
-        if found:
-            return found
-    raise BenchError(
-        f"redis-server is not installed; install it (as root) with:\n    {REDIS_INSTALL}"
-    )
+    return find_or_install("redis-server", "redis-server")
 
 
 def redis_call(port: int, *command: str, timeout: float = 5.0) -> bytes:

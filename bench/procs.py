@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -183,3 +184,24 @@ def stop(service: Service, timeout: float = 5.0) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout)
+
+
+def find_or_install(command: str, package: str) -> str:
+    """``command``'s path; Debian's ``package`` is installed first if we are root with apt.
+
+    ``BENCH_NO_INSTALL=1`` turns the install off; without the command the
+    bench stops with the one line to run.
+    """
+    found = shutil.which(command)
+    if found:
+        return found
+    install = f"apt-get update && apt-get install -y {package}"
+    apt = shutil.which("apt-get")
+    if os.geteuid() == 0 and apt and os.environ.get("BENCH_NO_INSTALL") != "1":
+        print(f"{command} not found: running `{install}`", flush=True)
+        subprocess.run([apt, "update", "-qq"], check=True)
+        subprocess.run([apt, "install", "-y", "-qq", package], check=True)
+        found = shutil.which(command)
+        if found:
+            return found
+    raise BenchError(f"{command} is not installed; install it (as root) with:\n    {install}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 from collections import defaultdict
@@ -11,10 +10,9 @@ from pathlib import Path
 
 import attrs
 
-from bench.procs import BenchError
+from bench.procs import BenchError, find_or_install
 
 LUA_SCRIPT = Path(__file__).with_name("post.lua")
-INSTALL_HINT = "apt-get update && apt-get install -y wrk"
 
 Histogram = dict[int, int]
 """Latency bucket (µs, 4 significant digits) → number of responses."""
@@ -51,19 +49,8 @@ class WrkRun:
 
 
 def find_wrk() -> str:
-    """The wrk executable; install it if we are root on a Debian-like system."""
-    found = shutil.which("wrk")
-    if found:
-        return found
-    apt = shutil.which("apt-get")
-    if os.geteuid() == 0 and apt and os.environ.get("BENCH_NO_INSTALL") != "1":
-        print(f"wrk not found: running `{INSTALL_HINT}`", flush=True)
-        subprocess.run([apt, "update", "-qq"], check=True)
-        subprocess.run([apt, "install", "-y", "-qq", "wrk"], check=True)
-        found = shutil.which("wrk")
-        if found:
-            return found
-    raise BenchError(f"wrk is not installed; install it (as root) with:\n    {INSTALL_HINT}")
+    """The wrk executable; installed if we are root on a Debian-like system."""
+    return find_or_install("wrk", "wrk")
 
 
 def run_wrk(
