@@ -203,11 +203,15 @@ def test_a_bad_variable_stops_gunicorn_with_one_line(config: bool) -> None:
     )
     ours = [line for line in done.stderr.splitlines() if line.startswith("quoteflow:")]
     assert set(ours) == {"quoteflow: error: QUOTEFLOW_BUDGET: 'soon' is not a valid float"}
-    assert "Traceback" not in done.stderr
+    assert "/quoteflow/" not in done.stderr  # no traceback through QuoteFlow's code
     if config:
         assert done.returncode == 2
         assert len(ours) == 1
         assert "Booting worker" not in done.stderr
+        assert "Traceback" not in done.stderr
     else:
+        # gunicorn's master itself may print its HaltServer with a traceback when
+        # the worker's exit reaches it mid-sleep (a race in gunicorn's arbiter);
+        # the config above is the route without it.
         assert done.returncode == 3
         assert "Worker failed to boot." in done.stderr
