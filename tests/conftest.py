@@ -16,8 +16,14 @@ from tests.redis_server import RedisServer, redis_server_binary
 
 StartQuoteFlow = Callable[..., Awaitable[TestClient[Any, Any]]]
 
-TEST_BUDGET = 0.3
+TEST_BUDGET = 0.5
 """Short budgets keep the suite fast; bounds in tests stay generous."""
+
+TEST_CONNECT_TIMEOUT = 1.0
+"""Past any test's budget. The fake suppliers share QuoteFlow's event loop, so
+on a busy test machine a loopback connect can be *noticed* late; with the
+default 0.25 s that became a transport_error and a retry the test never asked
+for. No test here is about the connect timeout itself."""
 
 
 @pytest.fixture
@@ -36,7 +42,11 @@ def start_quoteflow(aiohttp_client: AiohttpClient, suppliers: FakeSuppliers) -> 
     async def start(
         *, gateway: GatewayFactory | None = None, **overrides: Any
     ) -> TestClient[Any, Any]:
-        values: dict[str, Any] = {"budget": TEST_BUDGET, "provider_url": suppliers.url}
+        values: dict[str, Any] = {
+            "budget": TEST_BUDGET,
+            "connect_timeout": TEST_CONNECT_TIMEOUT,
+            "provider_url": suppliers.url,
+        }
         values.update(overrides)
         return await aiohttp_client(create_app(Settings(**values), gateway=gateway))
 

@@ -15,7 +15,7 @@ from quoteflow.app import SUPPLIER_CLIENT, create_app
 from quoteflow.breaker import JITTER
 from quoteflow.config import Settings
 from quoteflow.handlers import SERVICE
-from tests.conftest import TEST_BUDGET
+from tests.conftest import TEST_BUDGET, TEST_CONNECT_TIMEOUT
 from tests.fakes import (
     FakeSuppliers,
     Responder,
@@ -42,6 +42,7 @@ async def quoteflow(aiohttp_client: AiohttpClient, suppliers: FakeSuppliers) -> 
     async def start(**overrides: Any) -> TestClient[Any, Any]:
         values: dict[str, Any] = {
             "budget": TEST_BUDGET,
+            "connect_timeout": TEST_CONNECT_TIMEOUT,
             "provider_url": suppliers.url,
             "breaker_failures": FAILURES,
             "breaker_open": OPEN,

@@ -159,7 +159,12 @@ async def test_calls_that_never_got_a_slot_are_not_attempts(
     counted = metric(
         text, "quoteflow_supplier_attempts_total", supplier="boreal", attempt="1", outcome="timeout"
     )
-    assert counted == suppliers.count("boreal") == 2
+    # Two hold boreal's share; a waiter may still be handed a slot as the first
+    # deadlines free them (callers are admitted a moment apart on a busy machine),
+    # but whatever was sent is exactly what the metrics count, and the calls that
+    # never got a slot are not in it.
+    assert counted == suppliers.count("boreal")
+    assert 2 <= counted < 6
 
 
 async def test_slow_but_healthy_supplier_keeps_its_quotes(
@@ -195,7 +200,7 @@ async def test_retry_after_zero_without_time_is_no_time(
 ) -> None:
     """Retry-After: 0 asks for no wait, so a refusal for lack of time is no_time."""
     suppliers.always("boreal", delay(0.2, status(503, headers={"Retry-After": "0"})))
-    body = await explain(await start_quoteflow())
+    body = await explain(await start_quoteflow(budget=0.3))  # 100 ms left: not enough
     assert body["explain"]["suppliers"]["boreal"]["stopped"] == "no_time"
 
 
