@@ -24,6 +24,10 @@ for that supplier; a slot nobody here waits for is *idle* and goes back at the
 next sync unless a taker of our own comes within ``LINGER``. A worker that
 holds more than its fair allowance gives the slot back instead of handing it
 on: that is what stops one busy worker keeping every slot while another waits.
+So does a worker at its allowance whose leases are lopsided (two of cedar,
+none of atlas, atlas waiting): every request asks all three suppliers, so it
+would finish nothing until a cedar slot went idle; it gives the cedar slot
+back, and the same sync grants it the supplier it holds fewest of.
 
 **When a worker syncs.** Never more than one sync in flight; what is asked
 meanwhile folds into the next. A request for a sync only schedules a *check*:
@@ -43,8 +47,9 @@ a new expiry ``ttl`` ahead; (4) sums every live worker's held and want (a want
 counts for ``WANT_FRESH`` only: a worker that still waits says so again);
 (5) computes this worker's fair allowance — max-min ("water-filling") division
 of the limit among the workers' demands (held + want), and of each share
-likewise; (6) grants what it wants, one slot at a time round the suppliers, up
-to the share, the limit and — when others wait too — its allowance;
+likewise; (6) grants what it wants, one slot at a time, each to the supplier
+it holds fewest of, up to the share, the limit and — when others wait too —
+its allowance;
 (7) settles the retry tokens; (8) publishes on ``<p>:freed``: ``freed`` when it
 lowered what this worker holds, or dropped a dead worker, while someone
 waits; ``wanted`` (at most once per ``POLL``) when this worker waits below its
@@ -332,7 +337,9 @@ local allowed_total = fill(limit, my_demand, nil)
 local allowed = {}
 for i = 1, n do allowed[i] = fill(share, held[i] + want[i], names[i]) end
 
--- (6) Grants, one slot at a time round the suppliers (none starves the others).
+-- (6) Grants, one slot at a time, each to the wanted supplier this worker
+-- holds fewest of (ties rotate): every request asks every supplier, so a
+-- worker with two cedar slots and no atlas slot finishes nothing.
 local granted, room, cap = {}, {}, {}
 local room_total, cap_total = limit - total_all, math.huge
 for i = 1, n do
@@ -344,18 +351,18 @@ end
 if others_want > 0 then cap_total = allowed_total - mine end
 if not quiet then
   local start = now % n
-  local progress = true
-  while progress do
-    progress = false
+  while room_total > 0 and cap_total > 0 do
+    local best
     for j = 0, n - 1 do
       local i = (start + j) % n + 1
-      if granted[i] < want[i] and room[i] > 0 and cap[i] > 0 and room_total > 0
-          and cap_total > 0 then
-        granted[i], room[i], cap[i] = granted[i] + 1, room[i] - 1, cap[i] - 1
-        room_total, cap_total = room_total - 1, cap_total - 1
-        progress = true
+      if granted[i] < want[i] and room[i] > 0 and cap[i] > 0
+          and (not best or held[i] + granted[i] < held[best] + granted[best]) then
+        best = i
       end
     end
+    if not best then break end
+    granted[best], room[best], cap[best] = granted[best] + 1, room[best] - 1, cap[best] - 1
+    room_total, cap_total = room_total - 1, cap_total - 1
   end
 end
 
@@ -511,8 +518,10 @@ class FleetSlots:
             if (
                 self.leased[supplier] > self.allowed[supplier]
                 or self.leased_total > self.allowed_total
+                or self._lopsided(supplier)
             ):
-                # Above our fair part while others wait: back to the fleet, not on locally.
+                # Above our fair part while others wait, or worth more as a
+                # slot of a supplier we lack: back to the fleet, not on locally.
                 self.leased[supplier] -= 1
                 self.leased_total -= 1
                 self._need_sync(0.0)  # held < recorded: the check will find it worth a sync
@@ -639,6 +648,24 @@ class FleetSlots:
         """The last waiter for ``supplier`` is gone: soon, Redis should stop counting it."""
         if self.unmet[supplier] and not self._live(self._waiting[supplier]):
             self._need_sync(LINGER)  # worth_syncing finds unmet without waiters
+
+    def _lopsided(self, supplier: str) -> bool:
+        """Whether a freed slot of ``supplier`` should go back so a supplier we lack gets one.
+
+        Every request asks every supplier: a worker whose leases are two of
+        cedar and none of atlas, with atlas waiters, finishes nothing until an
+        atlas slot comes. At its whole allowance, with no room left in Redis,
+        no grant comes unless it gives a slot back; the sync that takes this
+        one back grants the supplier it holds fewest of first (``SCRIPT``).
+        """
+        mine = self.leased[supplier]
+        if mine < 2 or self.leased_total < self.allowed_total:
+            return False
+        return any(
+            self.leased[other] + 1 < mine and not self.free[other] and self._live(queue)
+            for other, queue in self._waiting.items()
+            if other != supplier
+        )
 
     def _take(self, supplier: str) -> None:
         self._held[supplier] += 1

@@ -235,6 +235,56 @@ async def test_two_saturating_workers_each_get_a_fair_part(redis_server: RedisSe
     assert syncs < total  # leases: well under one Redis round trip per attempt
 
 
+async def test_lopsided_leases_are_traded_for_the_supplier_a_worker_lacks(
+    redis_server: RedisServer,
+) -> None:
+    """At its allowance with two cedar slots and no atlas slot, a worker trades a cedar slot.
+
+    Every request asks all three suppliers: handed on to the next cedar
+    waiter, the slot would leave the atlas waiters (and so every request of
+    that worker) waiting while the other worker holds the rest of the limit.
+    """
+    async with workers(redis_server) as (first, second):
+        for supplier in ("cedar", "cedar", "boreal"):
+            await first.slots.acquire(supplier)
+        for supplier in ("atlas", "atlas", "boreal"):
+            await second.slots.acquire(supplier)  # the limit's six slots are taken
+        wants = [
+            asyncio.create_task(worker.slots.acquire(supplier))
+            for worker, supplier in ((first, "atlas"), (first, "cedar"), (second, "cedar"))
+        ]
+        first_atlas, first_cedar, second_cedar = wants
+        try:
+            # Both wait now: each worker's allowance is half the limit, which it holds.
+            await wait_until(
+                lambda: (
+                    first.slots.others_waiting
+                    and second.slots.others_waiting
+                    and first.slots.unmet["atlas"] == second.slots.unmet["cedar"] == 1
+                ),
+                within=1.0,
+            )
+            assert first.slots.allowed_total == second.slots.allowed_total == 3
+            assert not any(want.done() for want in wants)
+
+            first.slots.release("cedar")  # one of first's attempts at cedar ended
+            await asyncio.wait_for(first_atlas, 0.5)  # traded for atlas, not handed on
+            assert not first_cedar.done()
+            second.slots.release("atlas")
+            await asyncio.wait_for(second_cedar, 0.5)
+            assert {s: first.slots.held(s) for s in SUPPLIERS} == dict.fromkeys(SUPPLIERS, 1)
+            assert {s: second.slots.held(s) for s in SUPPLIERS} == dict.fromkeys(SUPPLIERS, 1)
+            assert await fleet_held(redis_server) == dict.fromkeys(SUPPLIERS, 2)
+        finally:
+            for want in wants:
+                want.cancel()
+            await asyncio.gather(*wants, return_exceptions=True)
+            for worker in (first, second):
+                for supplier in SUPPLIERS:
+                    for _ in range(worker.slots.held(supplier)):
+                        worker.slots.release(supplier)
+
+
 async def test_redis_stopped_means_local_limits_then_the_fleet_again(
     redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
