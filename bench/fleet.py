@@ -1,19 +1,27 @@
 """The fleet section of ``make bench`` (issue 12): what fleet mode costs per answered request.
 
 Beside the benchmark's single QuoteFlow process (limits in memory), it starts
-a redis-server (persistence off, a port of its own) and QuoteFlow under
-gunicorn with 2 workers and ``QUOTEFLOW_REDIS_URL`` set, with the same limits
-and the same lab. Both are driven in turn at saturate (connections = the
-inbound limit, suppliers answering at once), interleaved A B B A so a noisy
-neighbour hurts both alike. For each run:
+a redis-server (persistence off, a port of its own) and two gunicorn
+deployments of QuoteFlow with 2 workers each, the same lab behind all:
 
-- CPU per answered request (200): the single process's own CPU; for the
-  fleet, the gunicorn master's, every worker's and redis-server's together,
-  all from ``/proc``;
+- ``fleet``: ``QUOTEFLOW_REDIS_URL`` set, the bench's limits held fleet-wide;
+- ``split``: no Redis, each worker with half the outbound limit and half each
+  share — the static way to keep the same promise to the suppliers with two
+  processes. It is the control: what two processes cost on this machine
+  before any coordination, so ``fleet ÷ split`` is the price of Redis and the
+  leases alone, and ``split ÷ single`` that of the second process.
+
+All three are driven in turn at saturate (connections = the inbound limit,
+suppliers answering at once), in blocks of fleet split single single split
+fleet (and the mirror), so a noisy neighbour hurts each alike. For each run:
+
+- CPU per answered request (200): the single process's own CPU; for a
+  gunicorn deployment, the master's, every worker's and (fleet) redis-server's
+  together, all from ``/proc``;
 - Redis commands per inbound request (any status), from ``INFO commandstats``
   before and after the run (the bench's own INFO calls left out).
 
-Target: fleet ÷ single ≤ 1.25, as the median of neighbouring pairs.
+Target: fleet ÷ single ≤ 1.25, as the median over the blocks' triples.
 """
 
 from __future__ import annotations
@@ -42,11 +50,13 @@ from bench.report import Target, _fmt
 from bench.stats import ratio, spread
 from bench.workloads import Workload
 from bench.wrk import run_wrk
+from quoteflow.config import Settings
 
 if TYPE_CHECKING:
     from bench.run import Bench
 
-FLEET, SINGLE = "fleet", "single"
+FLEET, SPLIT, SINGLE = "fleet", "split", "single"
+CONTENDERS = (FLEET, SPLIT, SINGLE)
 WORKERS = 2
 TARGET = 1.25
 """Issue 12: fleet CPU per answer at most 1.25 × single-process in-memory mode."""
@@ -104,15 +114,15 @@ def flags_to_env(flags: tuple[str, ...]) -> dict[str, str]:
 
 
 @attrs.define
-class Fleet:
-    """redis-server and the gunicorn master with its workers."""
+class Deployment:
+    """A gunicorn master with its workers, and the redis-server they share, if any."""
 
-    redis: Service
     gunicorn: Service
+    redis: Service | None = None
 
     @property
     def url(self) -> str:
-        """Where the fleet answers."""
+        """Where the deployment answers."""
         return self.gunicorn.url
 
     def pids(self) -> dict[str, list[int]]:
@@ -120,23 +130,25 @@ class Fleet:
         return {
             "master": [self.gunicorn.pid],
             "workers": children(self.gunicorn.pid),
-            "redis": [self.redis.pid],
+            "redis": [self.redis.pid] if self.redis else [],
         }
 
     def cpu(self) -> dict[int, float]:
-        """CPU seconds so far of every process of the fleet, by pid."""
+        """CPU seconds so far of every process of the deployment, by pid."""
         for service in (self.redis, self.gunicorn):
-            service.cpu()  # raises if one has died
+            if service is not None:
+                service.cpu()  # raises if one has died
         return {pid: cpu_seconds(pid) for group in self.pids().values() for pid in group}
 
     def stop(self) -> None:
         """gunicorn first (Redis' client), then redis-server."""
         stop(self.gunicorn, timeout=35)
-        stop(self.redis)
+        if self.redis is not None:
+            stop(self.redis)
 
 
-def start_fleet(bench: Bench, lab_url: str) -> Fleet:
-    """redis-server, then QuoteFlow under gunicorn with the bench's limits and ``REDIS_URL``."""
+def start_redis(bench: Bench) -> Service:
+    """A redis-server of the bench's own: a free port, nothing on disk."""
     redis_port = free_port()
     log_path = bench.log_dir / "redis.log"
     with open(log_path, "wb") as log:
@@ -155,74 +167,112 @@ def start_fleet(bench: Bench, lab_url: str) -> Fleet:
     while True:
         try:
             if redis_call(redis_port, "PING", timeout=0.5) == b"PONG":
-                break
+                return redis
         except OSError:
             pass
         if process.poll() is not None or time.monotonic() > deadline:
             stop(redis)
             raise BenchError(f"redis-server did not start:\n{redis.log_tail()}")
         time.sleep(0.05)
+
+
+def start_gunicorn(
+    bench: Bench, name: str, lab_url: str, env: dict[str, str], redis: Service | None = None
+) -> Deployment:
+    """QuoteFlow under gunicorn with ``WORKERS`` workers: the bench's limits, then ``env``."""
     limits = bench.limits
     env = {
         "QUOTEFLOW_PROVIDER_URL": lab_url,
-        "QUOTEFLOW_REDIS_URL": f"redis://{HOST}:{redis_port}/0",
         "QUOTEFLOW_BUDGET": str(limits.budget_s),
         "QUOTEFLOW_INBOUND_LIMIT": str(limits.inbound),
         "QUOTEFLOW_OUTBOUND_LIMIT": str(limits.outbound),
         **flags_to_env(bench.options.quoteflow_args),
+        **env,
     }
     port = free_port()
+    gunicorn = start(
+        name,
+        [
+            *(sys.executable, "-m", "gunicorn", "-c", "python:quoteflow.gunicorn_conf"),
+            "quoteflow.app:gunicorn_app",
+            *("--worker-class", "aiohttp.GunicornUVLoopWebWorker"),
+            *("--workers", str(WORKERS), "--bind", f"{HOST}:{port}"),
+        ],
+        port,
+        bench.log_dir,
+        env=env,
+    )
+    deployment = Deployment(gunicorn, redis)
+    deadline = time.monotonic() + 15
+    while len(deployment.pids()["workers"]) != WORKERS:
+        if time.monotonic() > deadline:
+            deployment.stop()
+            raise BenchError(f"gunicorn did not start {WORKERS} workers:\n{gunicorn.log_tail()}")
+        time.sleep(0.05)
+    return deployment
+
+
+def start_fleet(bench: Bench, lab_url: str) -> Deployment:
+    """redis-server, then QuoteFlow under gunicorn with ``QUOTEFLOW_REDIS_URL`` on it."""
+    redis = start_redis(bench)
     try:
-        gunicorn = start(
-            "fleet",
-            [
-                *(sys.executable, "-m", "gunicorn", "-c", "python:quoteflow.gunicorn_conf"),
-                "quoteflow.app:gunicorn_app",
-                *("--worker-class", "aiohttp.GunicornUVLoopWebWorker"),
-                *("--workers", str(WORKERS), "--bind", f"{HOST}:{port}"),
-            ],
-            port,
-            bench.log_dir,
-            env=env,
-        )
+        url = f"redis://{HOST}:{redis.port}/0"
+        return start_gunicorn(bench, FLEET, lab_url, {"QUOTEFLOW_REDIS_URL": url}, redis)
     except BaseException:
         stop(redis)
         raise
-    fleet = Fleet(redis, gunicorn)
-    deadline = time.monotonic() + 15
-    while len(fleet.pids()["workers"]) != WORKERS:
-        if time.monotonic() > deadline:
-            fleet.stop()
-            raise BenchError(f"gunicorn did not start {WORKERS} workers:\n{gunicorn.log_tail()}")
-        time.sleep(0.05)
-    return fleet
+
+
+def start_split(bench: Bench, lab_url: str) -> Deployment:
+    """QuoteFlow under gunicorn without Redis, each worker with 1/WORKERS of every limit."""
+    flags = flags_to_env(bench.options.quoteflow_args)
+    outbound = int(flags.get("QUOTEFLOW_OUTBOUND_LIMIT", bench.limits.outbound))
+    default_share = Settings(outbound_limit=outbound).supplier_share
+    share = int(flags.get("QUOTEFLOW_SUPPLIER_SHARE", default_share))
+    if outbound < WORKERS or share < WORKERS:
+        raise BenchError(f"an outbound limit of {outbound} does not split over {WORKERS} workers")
+    env = {
+        "QUOTEFLOW_OUTBOUND_LIMIT": str(outbound // WORKERS),
+        "QUOTEFLOW_SUPPLIER_SHARE": str(share // WORKERS),
+    }
+    return start_gunicorn(bench, SPLIT, lab_url, env)
 
 
 def one_run(
-    bench: Bench, fleet: Fleet, workload: Workload, contender: str, index: int
+    bench: Bench,
+    deployments: dict[str, Deployment],
+    workload: Workload,
+    contender: str,
+    index: int,
 ) -> dict[str, Any]:
-    """Drive the fleet or the single process once; CPU and Redis commands around it."""
+    """Drive one contender once; CPU and (the fleet's) Redis commands around it."""
     single = bench.services["quoteflow"]
-    url = fleet.url if contender == FLEET else single.url
+    deployment = deployments.get(contender)
+    redis = deployments[FLEET].redis
+    assert redis is not None
+
+    def cpu_now() -> dict[int, float]:
+        return deployment.cpu() if deployment else {single.pid: single.cpu()}
+
     bench.settle()
     bench.reset_lab()
-    commands0 = command_counts(fleet.redis.port)
-    cpu0 = fleet.cpu() if contender == FLEET else {single.pid: single.cpu()}
+    commands0 = command_counts(redis.port)
+    cpu0 = cpu_now()
     run = run_wrk(
         bench.wrk,
-        url,
+        deployment.url if deployment else single.url,
         connections=workload.connections,
         duration_s=bench.options.duration_s,
         scenario=workload.scenario,
         out_dir=bench.raw_dir,
         tag=f"fleet-{index}-{contender}",
     )
-    cpu1 = fleet.cpu() if contender == FLEET else {single.pid: single.cpu()}
-    commands1 = command_counts(fleet.redis.port)
-    if contender == FLEET and set(cpu1) != set(cpu0):
-        raise BenchError(f"a fleet process came or went during the run: {cpu0} → {cpu1}")
+    cpu1 = cpu_now()
+    commands1 = command_counts(redis.port)
+    if set(cpu1) != set(cpu0):
+        raise BenchError(f"a {contender} process came or went during the run: {cpu0} → {cpu1}")
     cpu = {pid: cpu1[pid] - cpu0[pid] for pid in cpu1}
-    redis_cpu = sum(cpu.get(pid, 0.0) for pid in fleet.pids()["redis"]) if contender == FLEET else 0
+    redis_cpu = sum(cpu.get(pid, 0.0) for pid in deployment.pids()["redis"]) if deployment else 0
     calls = {
         name: count - commands0.get(name, 0)
         for name, count in commands1.items()
@@ -252,7 +302,7 @@ def one_run(
     }
 
 
-def goodput_run(bench: Bench, fleet: Fleet) -> dict[str, Any]:
+def goodput_run(bench: Bench, fleet: Deployment) -> dict[str, Any]:
     """Issue 12: 50 ms suppliers, 4 × the inbound limit spread over the fleet's workers.
 
     The outbound limit allows limit ÷ (3 × 50 ms) answers a second (40 with 6
@@ -280,34 +330,48 @@ def goodput_run(bench: Bench, fleet: Fleet) -> dict[str, Any]:
     }
 
 
+def run_order(rounds: int) -> list[str]:
+    """Contenders in the order they run: blocks of A B C C B A, every other block mirrored."""
+    order: list[str] = []
+    for block in range(rounds):
+        ahead = list(CONTENDERS if block % 2 == 0 else reversed(CONTENDERS))
+        order += ahead + ahead[::-1]
+    return order
+
+
 def run_fleet(bench: Bench) -> dict[str, Any]:
-    """Start the fleet, run every pair of runs, check both still answer, stop the fleet."""
+    """Start both deployments, run every block, check the fleet still answers, stop them."""
     limits = bench.limits
     workload = Workload(
         "fleet",
-        f"saturate, fleet ({WORKERS} gunicorn workers + redis-server) vs single process",
+        f"saturate: fleet ({WORKERS} gunicorn workers + redis-server), split ({WORKERS} workers,"
+        " limits divided, no Redis) and the single process",
         connections=limits.inbound,
         latency_ms=0,
         rounds=bench.options.rounds,
-        contenders=(FLEET, SINGLE),
+        contenders=CONTENDERS,
     )
     bench.set_latency(0)
-    fleet = start_fleet(bench, bench.lab.url)
+    deployments: dict[str, Deployment] = {}
     try:
-        run_wrk(  # warm-up: connections, caches, the workers' first leases
-            bench.wrk,
-            fleet.url,
-            connections=limits.inbound,
-            duration_s=bench.options.warmup_s,
-            scenario="normal",
-            out_dir=bench.raw_dir,
-            tag="warmup-fleet",
-        )
+        deployments[FLEET] = start_fleet(bench, bench.lab.url)
+        deployments[SPLIT] = start_split(bench, bench.lab.url)
+        for name, deployment in deployments.items():
+            run_wrk(  # warm-up: connections, caches, the fleet's first leases
+                bench.wrk,
+                deployment.url,
+                connections=limits.inbound,
+                duration_s=bench.options.warmup_s,
+                scenario="normal",
+                out_dir=bench.raw_dir,
+                tag=f"warmup-{name}",
+            )
         runs = []
-        for index, contender in enumerate(workload.order()):
-            record = one_run(bench, fleet, workload, contender, index)
+        for index, contender in enumerate(run_order(workload.rounds)):
+            record = one_run(bench, deployments, workload, contender, index)
             print(progress_line(record), flush=True)
             runs.append(record)
+        fleet = deployments[FLEET]
         goodput = goodput_run(bench, fleet)
         print(f"  fleet    goodput   {goodput['rate_200']:9.1f} 200/s at 50 ms", flush=True)
         bench.settle()
@@ -315,7 +379,8 @@ def run_fleet(bench: Bench) -> dict[str, Any]:
         body = answers[2] if isinstance(answers[2], dict) else {}
         still = answers[0] == 200 and len(body.get("quotes", [])) == 3
     finally:
-        fleet.stop()
+        for deployment in deployments.values():
+            deployment.stop()
     return {
         "workload": attrs.asdict(workload),
         "runs": runs,
@@ -336,16 +401,20 @@ def progress_line(run: dict[str, Any]) -> str:
 
 
 def summarize(section: dict[str, Any]) -> dict[str, Any]:
-    """Medians per contender, and fleet ÷ single per neighbouring pair of runs."""
+    """Medians per contender, and the CPU ratios per triple of neighbouring runs."""
     runs = section["runs"]
-    by: dict[str, list[dict[str, Any]]] = {FLEET: [], SINGLE: []}
+    by: dict[str, list[dict[str, Any]]] = {c: [] for c in CONTENDERS}
     for run in runs:
         by[run["contender"]].append(run)
-    pairs = []
-    for first, second in zip(runs[0::2], runs[1::2], strict=False):
-        pair = {first["contender"]: first, second["contender"]: second}
-        if FLEET in pair and SINGLE in pair:
-            pairs.append(ratio(pair[FLEET]["cpu_ms_per_200"], pair[SINGLE]["cpu_ms_per_200"]))
+    names = ("fleet/single", "fleet/split", "split/single")
+    ratios: dict[str, list[float | None]] = {name: [] for name in names}
+    width = len(CONTENDERS)
+    for first in range(0, len(runs) - width + 1, width):
+        triple = {run["contender"]: run["cpu_ms_per_200"] for run in runs[first : first + width]}
+        if set(triple) == set(CONTENDERS):
+            for name in ratios:
+                top, bottom = name.split("/")
+                ratios[name].append(ratio(triple[top], triple[bottom]))
     return {
         "cpu_ms_per_200": {c: spread(r["cpu_ms_per_200"] for r in by[c]) for c in by},
         "rate_200": {c: spread(r["rate_200"] for r in by[c]) for c in by},
@@ -353,7 +422,9 @@ def summarize(section: dict[str, Any]) -> dict[str, Any]:
         "redis_calls_per_request": spread(r["redis_calls_per_request"] for r in by[FLEET]),
         "round_trips_per_request": spread(r["round_trips_per_request"] for r in by[FLEET]),
         "goodput": section.get("goodput"),
-        "cpu_ratio": spread(pairs),
+        "cpu_ratio": spread(ratios["fleet/single"]),
+        "cpu_ratio_split": spread(ratios["fleet/split"]),
+        "split_ratio": spread(ratios["split/single"]),
         "still_answers": section["fleet_still_answers"],
     }
 
@@ -396,6 +467,24 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
             ),
             Target(
                 "fleet",
+                "CPU per 200 (ms): fleet | split (no Redis, limits halved)",
+                _fmt(summary["cpu_ms_per_200"][FLEET], 3),
+                _fmt(summary["cpu_ms_per_200"][SPLIT], 3),
+                _fmt(summary.get("cpu_ratio_split"), 2),
+                "",
+                None,
+            ),
+            Target(
+                "fleet",
+                "CPU per 200 (ms): split | single",
+                _fmt(summary["cpu_ms_per_200"][SPLIT], 3),
+                _fmt(summary["cpu_ms_per_200"][SINGLE], 3),
+                _fmt(summary.get("split_ratio"), 2),
+                "",
+                None,
+            ),
+            Target(
+                "fleet",
                 "throughput (200/s): fleet | single",
                 _fmt(summary["rate_200"][FLEET]),
                 _fmt(summary["rate_200"][SINGLE]),
@@ -403,6 +492,7 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 "",
                 None,
             ),
+            _figure("throughput (200/s): split", _fmt(summary["rate_200"][SPLIT])),
             _figure(
                 "Redis round trips (EVALSHA) per inbound request",
                 _fmt(summary["round_trips_per_request"], 3),

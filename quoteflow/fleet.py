@@ -26,8 +26,9 @@ holds more than its fair allowance gives the slot back instead of handing it
 on: that is what stops one busy worker keeping every slot while another waits.
 So does a worker at its allowance whose leases are lopsided (two of cedar,
 none of atlas, atlas waiting): every request asks all three suppliers, so it
-would finish nothing until a cedar slot went idle; it gives the cedar slot
-back, and the same sync grants it the supplier it holds fewest of.
+would finish nothing until a cedar slot went idle. When the last sync found
+atlas grantable but for the full limit, it gives the cedar slot back, and the
+same sync grants it the supplier it holds fewest of.
 
 **When a worker syncs.** Never more than one sync in flight; what is asked
 meanwhile folds into the next. A request for a sync only schedules a *check*:
@@ -52,9 +53,10 @@ it holds fewest of, up to the share, the limit and — when others wait too —
 its allowance;
 (7) settles the retry tokens; (8) publishes on ``<p>:freed``: ``freed`` when it
 lowered what this worker holds, or dropped a dead worker, while someone
-waits; ``wanted`` (at most once per ``POLL``) when this worker waits below its
-fair part because others hold more than theirs (they sync at once, learn
-their smaller part, and give back on release). A worker ignores its own.
+waits and the limit has room left (a traded slot frees nothing); ``wanted``
+(at most once per ``POLL``) when this worker waits below its fair part
+because others hold more than theirs (they sync at once, learn their smaller
+part, and give back on release). A worker ignores its own.
 Redis runs a script as one atomic step: no other client's command runs in the
 middle, so checking the limit and taking a slot can never interleave with
 another worker's — the whole check-and-take of ``OutboundSlots``, fleet-wide.
@@ -248,11 +250,11 @@ for k = 1, #rows, 2 do
   end
 end
 
-local starved = false
+local starved, full = false, false
 local function publish()
   if reset then
     redis.call('PUBLISH', channel, 'reset ' .. id)
-  elseif others_want > 0 and (lowered or dropped > 0) then
+  elseif others_want > 0 and (lowered or dropped > 0) and not full then
     redis.call('PUBLISH', channel, 'freed ' .. id)
   elseif starved then
     redis.call('PUBLISH', channel, 'wanted ' .. id)
@@ -366,6 +368,10 @@ if not quiet then
   end
 end
 
+-- A slot given back and taken again in the same call (a lopsided lease
+-- traded) frees nothing for anyone else: no message then.
+full = room_total <= 0
+
 -- Still waiting below its fair part while the slots are taken: someone holds
 -- more than theirs, and learns it now rather than at its next heartbeat.
 local after = mine
@@ -402,10 +408,13 @@ local reply = {quiet and 1 or 0, others_want > 0 and 1 or 0, allowed_total, #oth
   announced}
 for i = 1, n do
   local free = math.max(0, math.min(room[i], room_total, cap[i], cap_total))
-  if quiet then free = 0 end
+  -- Could have been granted, were the limit not full: worth trading a slot for.
+  local grantable = math.max(0, math.min(room[i], cap[i]))
+  if quiet then free, grantable = 0, 0 end
   reply[#reply + 1] = granted[i]
   reply[#reply + 1] = allowed[i]
   reply[#reply + 1] = free
+  reply[#reply + 1] = grantable
   reply[#reply + 1] = taken[i]
   reply[#reply + 1] = string.format('%.6f', level[i])
 end
@@ -444,6 +453,8 @@ class FleetSlots:
         self.allowed_total = limit
         self.free = dict.fromkeys(self._held, 0)
         """Slots the last sync could still have granted us, per supplier."""
+        self.grantable = dict.fromkeys(self._held, 0)
+        """Slots the last sync could have granted us but for the whole limit, per supplier."""
         self.others_waiting = False
         self.unmet = dict.fromkeys(self._held, 0)
         """Waiters Redis knows of (reported, not granted), per supplier."""
@@ -558,6 +569,7 @@ class FleetSlots:
         allowed: list[int],
         allowed_total: int,
         free: list[int],
+        grantable: list[int],
         others_waiting: bool,
         sent_at: float,
     ) -> float | None:
@@ -583,6 +595,7 @@ class FleetSlots:
                 undercounted = True
             self.allowed[supplier] = allowed[index]
             self.free[supplier] = free[index]
+            self.grantable[supplier] = grantable[index]
             while self._held[supplier] < self.leased[supplier] and self._hand_over(supplier):
                 pass
         self.leased_total = sum(self.leased.values())
@@ -654,15 +667,20 @@ class FleetSlots:
 
         Every request asks every supplier: a worker whose leases are two of
         cedar and none of atlas, with atlas waiters, finishes nothing until an
-        atlas slot comes. At its whole allowance, with no room left in Redis,
-        no grant comes unless it gives a slot back; the sync that takes this
-        one back grants the supplier it holds fewest of first (``SCRIPT``).
+        atlas slot comes. At its whole allowance, with the limit taken, no
+        grant comes unless it gives a slot back. Traded only when the last
+        sync found atlas grantable but for the limit (its share has room, our
+        part of it too): the sync that takes the cedar slot back then grants
+        the supplier we hold fewest of first (``SCRIPT``).
         """
         mine = self.leased[supplier]
         if mine < 2 or self.leased_total < self.allowed_total:
             return False
         return any(
-            self.leased[other] + 1 < mine and not self.free[other] and self._live(queue)
+            self.leased[other] + 1 < mine
+            and not self.free[other]  # else its waiters' own sync gets it, nothing to trade
+            and self.grantable[other]  # else Redis would hand back the same supplier
+            and any(not granted.done() for _, granted in queue)
             for other, queue in self._waiting.items()
             if other != supplier
         )
@@ -968,7 +986,7 @@ class Coordinator:
         deposited, whole tokens to withdraw, tokens in the pool.
         Reply: quiet (0/1), others waiting (0/1), allowed total, live workers,
         announced ``wanted`` (0/1), then per supplier: granted, allowed, free,
-        tokens withdrawn, bucket level.
+        grantable (free but for the whole limit), tokens withdrawn, bucket level.
         """
         assert self._script is not None
         n = len(self._suppliers)
@@ -1011,17 +1029,18 @@ class Coordinator:
         self.workers = int(reply[3])
         if reply[4]:
             self._announced_at = self._loop.time()
-        per = [reply[5 + 5 * index : 10 + 5 * index] for index in range(n)]
+        per = [reply[5 + 6 * index : 11 + 6 * index] for index in range(n)]
         soon = self.slots.apply(
             granted=[int(p[0]) for p in per],
             allowed=[int(p[1]) for p in per],
             allowed_total=int(reply[2]),
             free=[int(p[2]) for p in per],
+            grantable=[int(p[3]) for p in per],
             others_waiting=bool(reply[1]),
             sent_at=sent_at,
         )
         for index, supplier in enumerate(self._suppliers):
-            self.budgets[supplier].apply(int(per[index][3]), float(per[index][4]))
+            self.budgets[supplier].apply(int(per[index][4]), float(per[index][5]))
         if not self.up:
             self._found()
         if soon is not None:

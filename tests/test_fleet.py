@@ -285,6 +285,37 @@ async def test_lopsided_leases_are_traded_for_the_supplier_a_worker_lacks(
                         worker.slots.release(supplier)
 
 
+async def test_no_trade_for_a_supplier_whose_share_is_full(redis_server: RedisServer) -> None:
+    """With atlas' share held elsewhere, a freed cedar slot goes to the next cedar waiter.
+
+    Given back, it could only come back as cedar: a round trip for nothing.
+    """
+    async with workers(redis_server, count=3) as (first, second, third):
+        for worker in (second, third):
+            for _ in range(2):
+                await worker.slots.acquire("atlas")  # atlas' share of 4 is taken
+        for _ in range(2):
+            await first.slots.acquire("cedar")  # and with it the limit of 6
+        atlas = asyncio.create_task(first.slots.acquire("atlas"))
+        cedar = asyncio.create_task(first.slots.acquire("cedar"))
+        try:
+            await wait_until(
+                lambda: first.slots.unmet["atlas"] == 1 and first.slots.allowed_total == 2,
+                within=1.0,
+            )
+            first.slots.release("cedar")
+            await asyncio.sleep(0)
+            assert cedar.done()  # handed on here and now
+            assert not atlas.done()
+        finally:
+            atlas.cancel()
+            await asyncio.gather(atlas, cedar, return_exceptions=True)
+            for worker in (first, second, third):
+                for supplier in SUPPLIERS:
+                    for _ in range(worker.slots.held(supplier)):
+                        worker.slots.release(supplier)
+
+
 async def test_redis_stopped_means_local_limits_then_the_fleet_again(
     redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
