@@ -386,7 +386,19 @@ def run_fleet(bench: Bench) -> dict[str, Any]:
         "runs": runs,
         "goodput": goodput,
         "fleet_still_answers": still,
+        "coordination_down": coordination_downs(deployments[FLEET]),
     }
+
+
+def coordination_downs(fleet: Deployment) -> int:
+    """``coordination_down`` events the fleet's workers logged: fallbacks to their own limits.
+
+    Any would mean the figures include spells of per-worker limits (up to
+    ``WORKERS`` × the outbound limit), e.g. a redis-server starved of CPU by
+    the load on this very machine for longer than ``--redis-timeout``.
+    """
+    text = fleet.gunicorn.log_path.read_text(errors="replace")
+    return text.count('"event":"coordination_down"')
 
 
 def progress_line(run: dict[str, Any]) -> str:
@@ -426,6 +438,7 @@ def summarize(section: dict[str, Any]) -> dict[str, Any]:
         "cpu_ratio_split": spread(ratios["fleet/split"]),
         "split_ratio": spread(ratios["split/single"]),
         "still_answers": section["fleet_still_answers"],
+        "coordination_down": section.get("coordination_down"),
     }
 
 
@@ -506,6 +519,15 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 _fmt(summary["redis_cpu_share"], 1, 100, " %"),
             ),
             *good_rows,
+            Target(
+                "fleet",
+                "coordination_down events (fallbacks to per-worker limits)",
+                str(summary.get("coordination_down")),
+                "",
+                "",
+                "0: the figures are fleet mode's",
+                summary.get("coordination_down") == 0,
+            ),
             Target(
                 "fleet",
                 "all 3 quotes afterwards",

@@ -151,6 +151,8 @@ two syncs and a ``freed`` message (0.5–0.9 EVALSHA per answered request); one
 ``POLL`` keeps them, and a worker that stopped still gives them back at once
 by human measure.
 """
+IDLE_SLACK: Final = 0.005
+"""How much sooner than ``LINGER`` an idle slot may be found old enough (two clocks, ms ticks)."""
 RECONNECT: Final = 0.5
 """Seconds between tries while Redis is out of reach."""
 LISTEN_WAKE: Final = 0.25
@@ -458,6 +460,8 @@ class FleetSlots:
         self.others_waiting = False
         self.unmet = dict.fromkeys(self._held, 0)
         """Waiters Redis knows of (reported, not granted), per supplier."""
+        self._idle_since: dict[str, float | None] = dict.fromkeys(self._held)
+        """Since when (monotonic) a leased slot of each supplier has been idle, if one is."""
         self._reported = dict.fromkeys(self._held, 0)
         self._recorded = dict.fromkeys(self._held, 0)
         """What Redis counts as ours after the last sync, per supplier."""
@@ -535,32 +539,41 @@ class FleetSlots:
                 # slot of a supplier we lack: back to the fleet, not on locally.
                 self.leased[supplier] -= 1
                 self.leased_total -= 1
-                self._need_sync(0.0)  # held < recorded: the check will find it worth a sync
+                self._need_sync(0.0)  # leased < recorded: the check finds it worth a sync
             elif self._hand_over(supplier):
                 self._check_want(supplier)
             else:
                 # Idle: a taker of our own usually comes within a few ms under
                 # load; if none has by the check, the slot goes back.
                 self._need_sync(LINGER)
+            self._clock_idle(supplier)
         elif self.mode == LOCAL:
             self._hand_out_local()
 
     # -- the coordinator's side -------------------------------------------------------
 
     def report(self) -> tuple[list[int], list[int]]:
-        """What this worker holds and wants per supplier, for a sync; idle slots go back.
+        """What this worker holds and wants per supplier, for a sync; long-idle slots go back.
 
-        A slot is leased only while used or about to be: every idle one is
-        given back here, so an idle worker strands nothing. Outside fleet mode
-        the truth is simply what runs now.
+        A slot is leased only while used or about to be: one idle for
+        ``LINGER`` goes back here, so an idle worker strands nothing. One idle
+        for less (between one request's attempt and the next request's, at
+        saturate) is kept, within our fair part: given back by a sync that
+        happened to come, it would cost the next request a round trip to get
+        it again. Outside fleet mode the truth is simply what runs now.
         """
         held, want = [], []
+        now = time.monotonic()
         for supplier, queue in self._waiting.items():
-            self.leased[supplier] = self._recorded[supplier] = self._held[supplier]
+            keep = self._held[supplier]
+            if self.mode == FLEET and not self._idle_long(supplier, now):
+                keep = max(keep, min(self.leased[supplier], self.allowed[supplier]))
+            self.leased[supplier] = self._recorded[supplier] = keep
+            self._clock_idle(supplier)
             self._reported[supplier] = self._live(queue)
-            held.append(self._held[supplier])
+            held.append(keep)
             want.append(self._reported[supplier])
-        self.leased_total = self.in_use
+        self.leased_total = sum(self.leased.values())
         return held, want
 
     def apply(
@@ -598,6 +611,7 @@ class FleetSlots:
             self.grantable[supplier] = grantable[index]
             while self._held[supplier] < self.leased[supplier] and self._hand_over(supplier):
                 pass
+            self._clock_idle(supplier)
         self.leased_total = sum(self.leased.values())
         if undercounted:
             return 0.0
@@ -614,9 +628,12 @@ class FleetSlots:
         meanwhile (an idle slot taken again, a waiter served by a local
         hand-over) costs no round trip.
         """
+        now = time.monotonic()
         for supplier, queue in self._waiting.items():
-            if self._held[supplier] != self._recorded[supplier]:
-                return True  # idle or given back (or taken on local limits): Redis counts wrong
+            if self.leased[supplier] != self._recorded[supplier]:
+                return True  # given back, or taken on local limits: Redis counts wrong
+            if self._idle_long(supplier, now):
+                return True  # no taker of our own came within LINGER: back to the fleet
             live = self._live(queue)
             if live:
                 if self._unannounced(supplier) or self.free[supplier] > 0 or since_last >= POLL:
@@ -688,6 +705,20 @@ class FleetSlots:
     def _take(self, supplier: str) -> None:
         self._held[supplier] += 1
         self.in_use += 1
+        if self._held[supplier] >= self.leased[supplier]:
+            self._idle_since[supplier] = None
+
+    def _clock_idle(self, supplier: str) -> None:
+        """Start (or stop) the clock of ``supplier``'s idle leases."""
+        if self._held[supplier] >= self.leased[supplier]:
+            self._idle_since[supplier] = None
+        elif self._idle_since[supplier] is None:
+            self._idle_since[supplier] = time.monotonic()
+
+    def _idle_long(self, supplier: str, now: float) -> bool:
+        """Whether a leased slot of ``supplier`` has been idle for ``LINGER``."""
+        since = self._idle_since[supplier]
+        return since is not None and now - since >= LINGER - IDLE_SLACK
 
     def _hand_over(self, supplier: str) -> bool:
         """The slot just freed (or granted) goes to ``supplier``'s first live waiter."""
