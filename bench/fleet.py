@@ -412,8 +412,13 @@ def progress_line(run: dict[str, Any]) -> str:
     )
 
 
-def summarize(section: dict[str, Any]) -> dict[str, Any]:
-    """Medians per contender, and the CPU ratios per triple of neighbouring runs."""
+def summarize(section: dict[str, Any], overload: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Medians per contender, and the CPU ratios per triple of neighbouring runs.
+
+    ``overload``: the single process's summary of the ``overload`` workload in
+    the same bench run, if it ran: its goodput (same 50 ms suppliers, same 32
+    connections) is the fleet goodput's neighbour in the table.
+    """
     runs = section["runs"]
     by: dict[str, list[dict[str, Any]]] = {c: [] for c in CONTENDERS}
     for run in runs:
@@ -434,6 +439,7 @@ def summarize(section: dict[str, Any]) -> dict[str, Any]:
         "redis_calls_per_request": spread(r["redis_calls_per_request"] for r in by[FLEET]),
         "round_trips_per_request": spread(r["round_trips_per_request"] for r in by[FLEET]),
         "goodput": section.get("goodput"),
+        "single_goodput": (overload or {}).get("rate_200"),
         "cpu_ratio": spread(ratios["fleet/single"]),
         "cpu_ratio_split": spread(ratios["fleet/split"]),
         "split_ratio": spread(ratios["split/single"]),
@@ -455,13 +461,14 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
     good_rows = []
     if goodput:
         wanted = 0.9 * goodput["allowed"]
+        single = summary.get("single_goodput")
         good_rows.append(
             Target(
                 "fleet",
-                f"goodput at {goodput['latency_ms']} ms suppliers (200/s)",
+                f"goodput at {goodput['latency_ms']} ms suppliers (200/s): fleet | single",
                 f"{goodput['rate_200']:.1f}",
-                "",
-                "",
+                _fmt(single) if single else "",
+                f"{goodput['rate_200'] / single['median']:.2f}" if single else "",
                 f"≥ {wanted:.1f} (90 % of {goodput['allowed']:.1f}, issue 12)",
                 goodput["rate_200"] >= wanted,
             )

@@ -585,7 +585,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench.stop_all()
     results["summary"] = report.summarize(results, limits)
     if "fleet" in results:
-        results["summary"]["fleet"] = fleet.summarize(results["fleet"])
+        results["summary"]["fleet"] = fleet.summarize(
+            results["fleet"], results["summary"].get("overload", {}).get("quoteflow")
+        )
         results["summary"]["targets"] += fleet.targets(results["summary"]["fleet"])
     results["elapsed_s"] = round(time.monotonic() - began, 1)
     options.out_dir.mkdir(parents=True, exist_ok=True)
