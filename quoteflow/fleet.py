@@ -20,8 +20,9 @@ to workers (YouTube's Doorman), and a request only ever waits on a local future.
 **Leases.** Per supplier a worker keeps ``leased`` (slots Redis granted it),
 ``in use`` (attempts running, never more than ``leased`` while Redis is up) and
 a FIFO of local waiters. A released slot is handed to the next local waiter
-for that supplier; a slot nobody here waits for is *idle* and goes back at the
-next sync unless a taker of our own comes within ``LINGER``. A worker that
+for that supplier; a slot nobody here waits for is *idle*, and goes back at
+the first sync after it has been idle for ``LINGER`` (a check is due then)
+unless a taker of our own comes first. A worker that
 holds more than its fair allowance gives the slot back instead of handing it
 on: that is what stops one busy worker keeping every slot while another waits.
 So does a worker at its allowance whose leases are lopsided (two of cedar,
@@ -33,7 +34,8 @@ same sync grants it the supplier it holds fewest of.
 **When a worker syncs.** Never more than one sync in flight; what is asked
 meanwhile folds into the next. A request for a sync only schedules a *check*:
 when it comes due, the worker syncs if Redis counts its holdings or its
-waiters wrong, if the last sync saw a slot it could get, on the heartbeat,
+waiters wrong, if a slot has been idle for ``LINGER``, if the last sync saw a
+slot it could get, on the heartbeat,
 on the ``POLL`` safety net while it waits — or when a message says a slot was
 freed elsewhere (then always). What sorted itself out meanwhile (an idle slot
 taken again, a waiter served by a local hand-over) costs no round trip.
@@ -544,7 +546,7 @@ class FleetSlots:
                 self._check_want(supplier)
             else:
                 # Idle: a taker of our own usually comes within a few ms under
-                # load; if none has by the check, the slot goes back.
+                # load; if none has within LINGER, the slot goes back.
                 self._need_sync(LINGER)
             self._clock_idle(supplier)
         elif self.mode == LOCAL:
@@ -558,15 +560,23 @@ class FleetSlots:
         A slot is leased only while used or about to be: one idle for
         ``LINGER`` goes back here, so an idle worker strands nothing. One idle
         for less (between one request's attempt and the next request's, at
-        saturate) is kept, within our fair part: given back by a sync that
-        happened to come, it would cost the next request a round trip to get
-        it again. Outside fleet mode the truth is simply what runs now.
+        saturate) is kept, while the leases are in force and we hold no more
+        than our fair part (per supplier and in all): given back by a sync
+        that happened to come, it would cost the next request a round trip to
+        get it again. Outside fleet mode the truth is simply what runs now.
         """
         held, want = [], []
         now = time.monotonic()
+        # Only leases still in force, and only within our whole fair part: a
+        # worker above it gives every idle slot back.
+        may_keep = (
+            self.mode == FLEET
+            and now < self.valid_until
+            and self.leased_total <= self.allowed_total
+        )
         for supplier, queue in self._waiting.items():
             keep = self._held[supplier]
-            if self.mode == FLEET and not self._idle_long(supplier, now):
+            if may_keep and not self._idle_long(supplier, now):
                 keep = max(keep, min(self.leased[supplier], self.allowed[supplier]))
             self.leased[supplier] = self._recorded[supplier] = keep
             self._clock_idle(supplier)
@@ -714,6 +724,13 @@ class FleetSlots:
             self._idle_since[supplier] = None
         elif self._idle_since[supplier] is None:
             self._idle_since[supplier] = time.monotonic()
+
+    def linger_left(self) -> float:
+        """Seconds until the oldest idle slot has been idle for ``LINGER`` (inf: none is)."""
+        since = [at for at in self._idle_since.values() if at is not None]
+        if not since:
+            return math.inf
+        return max(0.0, min(since) + LINGER - time.monotonic())
 
     def _idle_long(self, supplier: str, now: float) -> bool:
         """Whether a leased slot of ``supplier`` has been idle for ``LINGER``."""
@@ -996,7 +1013,10 @@ class Coordinator:
             if self.up and not self._forced and since < HEARTBEAT and not self._worth(since):
                 heartbeat = self._synced_at + HEARTBEAT
                 poll = self._synced_at + POLL if self.slots.waiting else math.inf
-                self._set_due(min(heartbeat, poll))
+                # A slot idle for less than LINGER was not worth a sync yet;
+                # the check for it must not wait for the heartbeat.
+                idle = now + self.slots.linger_left()
+                self._set_due(min(heartbeat, poll, idle))
                 continue
             self._forced = False
             self._synced_at = now

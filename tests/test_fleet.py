@@ -23,7 +23,7 @@ import pytest
 from redis.asyncio import Redis
 
 from quoteflow.config import SUPPLIERS, Settings
-from quoteflow.fleet import LOCAL, TTL, Coordinator, fleet_holdings
+from quoteflow.fleet import HEARTBEAT, LINGER, LOCAL, TTL, Coordinator, fleet_holdings
 from tests.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -216,6 +216,28 @@ async def test_an_idle_worker_strands_nothing(redis_server: RedisServer) -> None
         assert await fleet_held(redis_server) == {"atlas": 1, "boreal": 4, "cedar": 1}
         for supplier in ("boreal", "boreal", "boreal", "boreal", "atlas", "cedar"):
             other.slots.release(supplier)
+
+
+async def test_a_slot_idle_again_goes_back_after_linger_not_the_heartbeat(
+    redis_server: RedisServer,
+) -> None:
+    """Idle, taken again, idle again: back to the fleet about LINGER later, not at the heartbeat.
+
+    The check asked for by the first release comes while the slot has been
+    idle again for a few ms only: not worth a sync yet, and the next check
+    must come when it has been idle for LINGER.
+    """
+    async with workers(redis_server, count=1) as (worker,):
+        slots = worker.slots
+        await slots.acquire("atlas")
+        await asyncio.sleep(HEARTBEAT + 0.05)  # the sync that granted it is long past
+        slots.release("atlas")
+        await asyncio.sleep(LINGER * 0.6)
+        await slots.acquire("atlas")  # a taker of our own: the slot stays leased
+        await asyncio.sleep(LINGER * 0.1)
+        slots.release("atlas")
+        took = await wait_until(lambda: slots.leased_total == 0, within=1.0)
+        assert took < (LINGER + HEARTBEAT) / 2, took  # LINGER and a sync, with room to spare
 
 
 async def test_two_saturating_workers_each_get_a_fair_part(redis_server: RedisServer) -> None:
