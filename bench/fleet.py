@@ -448,6 +448,20 @@ def summarize(section: dict[str, Any], overload: dict[str, Any] | None = None) -
     }
 
 
+def _cpu_row(summary: dict[str, Any], top: str, bottom: str, key: str, note: str = "") -> Target:
+    """CPU per answer of two contenders and their ratio, reported without a target."""
+    per = summary["cpu_ms_per_200"]
+    return Target(
+        "fleet",
+        f"CPU per 200 (ms): {top} | {bottom}{note}",
+        _fmt(per[top], 3),
+        _fmt(per[bottom], 3),
+        _fmt(summary.get(key), 2),
+        "",
+        None,
+    )
+
+
 def _figure(metric: str, fleet: str) -> Target:
     """A fleet figure reported without a target."""
     return Target("fleet", metric, fleet, "", "", "", None)
@@ -485,24 +499,8 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 f"≤ {TARGET} × single (issue 12)",
                 None if cpu_ratio is None else cpu_ratio["median"] <= TARGET,
             ),
-            Target(
-                "fleet",
-                "CPU per 200 (ms): fleet | split (no Redis, limits halved)",
-                _fmt(summary["cpu_ms_per_200"][FLEET], 3),
-                _fmt(summary["cpu_ms_per_200"][SPLIT], 3),
-                _fmt(summary.get("cpu_ratio_split"), 2),
-                "",
-                None,
-            ),
-            Target(
-                "fleet",
-                "CPU per 200 (ms): split | single",
-                _fmt(summary["cpu_ms_per_200"][SPLIT], 3),
-                _fmt(summary["cpu_ms_per_200"][SINGLE], 3),
-                _fmt(summary.get("split_ratio"), 2),
-                "",
-                None,
-            ),
+            _cpu_row(summary, FLEET, SPLIT, "cpu_ratio_split", " (no Redis, limits halved)"),
+            _cpu_row(summary, SPLIT, SINGLE, "split_ratio"),
             Target(
                 "fleet",
                 "throughput (200/s): fleet | single",
