@@ -107,6 +107,33 @@ async def test_metrics_from_any_worker_are_the_hosts(
                 assert metric(text, "quoteflow_inbound_in_flight") == 0
 
 
+async def test_the_whole_fleet_keeps_the_outbound_limit_under_overload(
+    fleet: Gunicorn, lab: LabControl, session: aiohttp.ClientSession
+) -> None:
+    """32 callers over 2 workers for 2 s: the suppliers never see more than 6 attempts at once.
+
+    Each worker admits 8 and has its own loop busy refusing the rest; the
+    limit is the fleet's all the same, as the lab counts it.
+    """
+    await lab.set_latency(20)
+    stop = time.monotonic() + 2.0
+    statuses: list[int] = []
+
+    async def caller() -> None:
+        while time.monotonic() < stop:
+            async with session.post(f"{fleet.url}/api/quotes", json={}) as response:
+                await response.read()
+                statuses.append(response.status)
+
+    await asyncio.gather(*(caller() for _ in range(32)))
+    await lab.wait_idle()
+    stats = await lab.stats()
+    assert set(statuses) <= {200, 503}
+    assert statuses.count(200) >= 20
+    assert 5 <= stats["max_active"] <= 6  # the limit is used, and never passed
+    await lab.set_latency(0)
+
+
 async def test_a_killed_worker_is_replaced_and_its_counts_stay(
     fleet: Gunicorn, lab: LabControl, session: aiohttp.ClientSession
 ) -> None:
