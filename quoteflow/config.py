@@ -121,11 +121,7 @@ class Settings:
     """Fleet mode: the Redis that holds the outbound limit, shares and retry budgets of
     every worker (``redis://host:port/db``); ``None`` (the default): one process, in memory."""
     redis_timeout: float = attrs.field(default=0.05, validator=_positive)
-    """Time limit of joining and reconnecting, seconds; past it the worker uses its own limits.
-
-    A sync that renews leases still in force may take until they lapse (see
-    ``quoteflow.fleet``): a Redis late for a moment does not double the limit.
-    """
+    """Time limit of every Redis call, seconds; past it the worker uses its own limits."""
     redis_prefix: str = attrs.field(default="quoteflow")
     """Prefix of QuoteFlow's Redis keys, so several fleets can share one Redis."""
 

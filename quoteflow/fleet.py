@@ -82,18 +82,11 @@ slots each of six, two of each supplier's four); a remainder that does not
 divide evenly goes round the workers once a second. Within a worker, waiters
 are served first come, first served per supplier.
 
-**Fallback.** A Redis that refuses (connection refused or reset, an error
-reply), or one still late when the leases lapse: the worker is *down* — one
-``coordination_down`` warning, ``quoteflow_coordination_up`` 0 — and enforces
-the limit and the shares on its own, like ``OutboundSlots`` (so the fleet may
-then send up to N × the limit); its waiters are re-checked against those
-limits at once. A sync that renews leases still in force may take until
-they lapse (``LEASE_TRUST`` after the last renewal), not just
-``redis_timeout``: a late answer is most often a redis-server (or this loop)
-starved of CPU for a moment by the very overload the limits are for, when
-falling back would double what the fleet sends. Meanwhile the worker uses
-the leases Redis granted, and only them. Joining, reconnecting and the
-goodbye are held to ``redis_timeout``. It tries a sync every ``RECONNECT`` seconds;
+**Fallback.** Any Redis error, or a call past ``redis_timeout``: the worker is
+*down* — one ``coordination_down`` warning, ``quoteflow_coordination_up`` 0 —
+and enforces the limit and the shares on its own, like ``OutboundSlots`` (so
+the fleet may then send up to N × the limit); its waiters are re-checked
+against those limits at once. It tries a sync every ``RECONNECT`` seconds;
 the first that succeeds reports what it holds right now and brings the
 leases back (``coordination_up``). No request ever awaits Redis, so Redis
 down, slow or emptied never costs an answer its budget.
@@ -945,9 +938,7 @@ class Coordinator:
         self._errors = (RedisError, OSError, TimeoutError)
         self._redis = Redis.from_url(
             self.settings.redis_url,
-            # Each call is bounded by its own asyncio.timeout (see _sync): the
-            # client's read limit is only a backstop, longer than any lease.
-            socket_timeout=TTL,
+            socket_timeout=timeout,
             socket_connect_timeout=timeout,
             # A failed call is not retried by the client: the next sync is the retry.
             retry=Retry(NoBackoff(), 0),
@@ -1075,16 +1066,8 @@ class Coordinator:
             deposit, withdraw, pool = tokens[index]
             args += [supplier, held[index], want[index], f"{deposit:.6f}", withdraw, f"{pool:.6f}"]
         sent_at = time.monotonic()
-        timeout = self.settings.redis_timeout
-        if self.slots.mode == FLEET and not leaving:
-            # Leases in force need no answer before they lapse. A sync later
-            # than redis_timeout is most often a redis-server (or this loop)
-            # starved of CPU for a moment by the very overload the limits are
-            # for; falling back then would let the fleet send N × the limit
-            # just then. Meanwhile the worker uses its leases, and only them.
-            timeout = max(timeout, self.slots.valid_until - sent_at)
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(self.settings.redis_timeout):
                 reply = await self._script(keys=self._keys, args=args)
         except self._errors as exc:
             self.syncs["failed"] += 1

@@ -78,10 +78,7 @@ _OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
         str,
         "fleet mode: the Redis every worker shares, redis://host:port/db (default: none)",
     ),
-    "redis_timeout": (
-        float,
-        "time limit of joining and reconnecting to Redis, seconds; below the budget (0.05)",
-    ),
+    "redis_timeout": (float, "time limit of each Redis call, seconds; below the budget (0.05)"),
     "redis_prefix": (str, "prefix of QuoteFlow's Redis keys (quoteflow)"),
 }
 

@@ -23,15 +23,7 @@ import pytest
 from redis.asyncio import Redis
 
 from quoteflow.config import SUPPLIERS, Settings
-from quoteflow.fleet import (
-    HEARTBEAT,
-    LEASE_TRUST,
-    LINGER,
-    LOCAL,
-    TTL,
-    Coordinator,
-    fleet_holdings,
-)
+from quoteflow.fleet import HEARTBEAT, LINGER, LOCAL, TTL, Coordinator, fleet_holdings
 from tests.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -384,12 +376,12 @@ async def test_redis_stopped_means_local_limits_then_the_fleet_again(
 async def test_a_slow_redis_is_a_down_redis(
     redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Redis late past the leases: local limits then; no acquire waits on Redis after."""
+    """Redis not answering within redis_timeout: local limits at once; no acquire waits on it."""
     with down_events(caplog) as named:
         async with workers(redis_server, count=1, redis_timeout=0.05) as (worker,):
-            assert redis_server.command("CLIENT", "PAUSE", "1500", "ALL") == "+OK"
+            assert redis_server.command("CLIENT", "PAUSE", "700", "ALL") == "+OK"
             worker.request_sync(0)
-            await wait_until(lambda: not worker.up, within=LEASE_TRUST + HEARTBEAT + 0.2)
+            await wait_until(lambda: not worker.up, within=0.5)
             started = time.monotonic()
             for supplier in ("atlas", "boreal", "cedar"):
                 await worker.slots.acquire(supplier)
@@ -399,32 +391,6 @@ async def test_a_slow_redis_is_a_down_redis(
             await wait_until(lambda: worker.up, within=2.0)
             assert named("coordination_down") == [worker.worker_id]
             assert named("coordination_up").count(worker.worker_id) == 2  # joined, came back
-
-
-async def test_a_redis_late_for_less_than_the_leases_keeps_the_fleet_limits(
-    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Syncs past redis_timeout for a moment: the leases stay, and so do the share and the limit.
-
-    Falling back at the first late answer would let the other worker take a
-    fifth boreal slot while the first holds boreal's whole share.
-    """
-    with down_events(caplog) as named:
-        async with workers(redis_server, redis_timeout=0.05) as (first, second):
-            for _ in range(4):
-                await first.slots.acquire("boreal")  # boreal's whole share
-            await wait_until(lambda: second.slots.valid_until > time.monotonic() + 0.4)
-            assert redis_server.command("CLIENT", "PAUSE", "300", "ALL") == "+OK"
-            waiter = asyncio.create_task(second.slots.acquire("boreal"))
-            await asyncio.sleep(0.25)
-            assert not waiter.done()  # the share holds
-            assert first.up
-            assert second.up
-            for _ in range(4):
-                first.slots.release("boreal")
-            await asyncio.wait_for(waiter, 1.5)  # granted once Redis answers again
-            second.slots.release("boreal")
-            assert named("coordination_down") == []
 
 
 async def test_redis_emptied_under_load_heals_within_a_second(redis_server: RedisServer) -> None:
