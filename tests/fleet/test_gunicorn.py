@@ -218,7 +218,8 @@ def test_a_bad_variable_stops_gunicorn_with_one_line(config: bool) -> None:
 
     With ``gunicorn_conf`` the master refuses before any worker starts (exit 2);
     without it each worker refuses and the master stops at the first one with
-    "Worker failed to boot." (exit 3) instead of starting new workers forever.
+    "Worker failed to boot." (exit 3, or 1 when gunicorn's own race shows its
+    traceback) instead of starting new workers forever.
     """
     done = subprocess.run(
         gunicorn_argv(free_port(), config=config),
@@ -238,7 +239,8 @@ def test_a_bad_variable_stops_gunicorn_with_one_line(config: bool) -> None:
         assert "Traceback" not in done.stderr
     else:
         # gunicorn's master itself may print its HaltServer with a traceback when
-        # the worker's exit reaches it mid-sleep (a race in gunicorn's arbiter);
-        # the config above is the route without it.
-        assert done.returncode == 3
+        # the worker's exit reaches it mid-sleep (a race in gunicorn's arbiter),
+        # and then exits 1, not 3; the config above is the route without it.
+        # Either way it stops, for the reason it gives.
+        assert done.returncode in (1, 3)
         assert "Worker failed to boot." in done.stderr
