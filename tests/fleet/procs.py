@@ -22,6 +22,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from bench.procs import children
 from tests.process import free_port
 
 REDIS_INSTALL = "apt-get update && apt-get install -y redis-server"
@@ -69,23 +70,6 @@ def stop(process: subprocess.Popen[bytes], within_s: float = STOP_WITHIN_S) -> i
         except subprocess.TimeoutExpired:
             process.kill()
     return process.wait()
-
-
-def children(pid: int) -> set[int]:
-    """Live (not zombie) child processes of ``pid``, from ``/proc``."""
-    found: set[int] = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # exited meanwhile
-        # The command name (field 2) may hold spaces: split after its ')'.
-        state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
-        if int(ppid) == pid and state != "Z":
-            found.add(int(entry.name))
-    return found
 
 
 def kill(pid: int, within_s: float = 5.0) -> None:
@@ -230,7 +214,7 @@ class Gunicorn:
 
     def workers(self) -> set[int]:
         """Process ids of the live workers."""
-        return children(self.pid)
+        return set(children(self.pid))
 
     def booted(self, pid: int) -> bool:
         """Whether worker ``pid`` has built its app (it writes its in-flight gauge file then)."""
