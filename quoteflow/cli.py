@@ -17,6 +17,7 @@ from quoteflow.app import begin_draining, create_app
 from quoteflow.config import Settings
 from quoteflow.logs import log_event
 from quoteflow.options import ConfigError, loggable, parse_settings
+from quoteflow.reload import reload_all
 
 __all__ = ["ConfigError", "main", "parse_settings"]
 
@@ -59,6 +60,8 @@ def _serve(settings: Settings, loop: asyncio.AbstractEventLoop) -> None:
 async def _run(settings: Settings) -> None:
     """Serve until SIGTERM or SIGINT; then drain, stop accepting and finish in-flight work.
 
+    SIGHUP re-reads the files QuoteFlow serves from (``reload.py``).
+
     Shutdown in three steps, so that nothing in flight is lost:
     1. ``/ready`` turns 503 while QuoteFlow still serves, for ``shutdown_drain``
        seconds (a second signal cuts this short): load balancers stop sending.
@@ -86,6 +89,8 @@ async def _run(settings: Settings) -> None:
         signalled = asyncio.Event()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, signalled.set)
+        # Re-read the catalogue and callers files: new requests use what they say.
+        loop.add_signal_handler(signal.SIGHUP, reload_all, app)
         await signalled.wait()
         signalled.clear()
         begin_draining(app)

@@ -17,6 +17,7 @@ LAYERS = [
     "cli",
     "gunicorn_conf",
     "app",
+    "reload",
     "options",
     "handlers",
     "hostmetrics",
