@@ -20,12 +20,14 @@ from prometheus_client import CollectorRegistry
 
 from quoteflow import handlers, logs
 from quoteflow.breaker import Breakers
+from quoteflow.callers import Callers, CallersFile, Gate
 from quoteflow.config import SUPPLIERS, Settings
 from quoteflow.fleet import Coordinator
 from quoteflow.hostmetrics import HostTelemetry
 from quoteflow.logs import log_event
 from quoteflow.observe import Telemetry
 from quoteflow.options import ConfigError, loggable, metrics_dir, settings_from_environ
+from quoteflow.reload import register
 from quoteflow.retry import RetryBudget, RetryLimiter
 from quoteflow.service import QuoteService, SupplierGateway
 from quoteflow.slots import OutboundLimiter, OutboundSlots
@@ -60,14 +62,13 @@ def create_app(
     path is the same either way.
     """
     middlewares = [handlers.error_middleware]
-    if settings.api_keys is not None:
+    callers = _callers(settings)
+    if callers is not None:
         # Without keys there is nothing to check: no layer to pass per request.
         middlewares.append(handlers.auth_middleware)
     app = web.Application(client_max_size=settings.max_request_bytes, middlewares=middlewares)
     app[SETTINGS] = settings
     app[handlers.BODY_TIMEOUT] = settings.body_timeout
-    if settings.api_keys is not None:
-        app[handlers.API_KEYS] = settings.api_keys
     app[handlers.METRICS_NEED_KEY] = settings.metrics_require_key
     app.on_startup.append(_log_api_keys)
     if host_metrics:
@@ -77,20 +78,44 @@ def create_app(
         app[handlers.TELEMETRY] = host
     else:
         app[handlers.TELEMETRY] = Telemetry(CollectorRegistry(auto_describe=True))
+    if callers is not None:
+        gate = app[handlers.GATE] = Gate(callers)
+        app.on_response_prepare.append(handlers.caller_answered)
+        app[handlers.TELEMETRY].watch_callers()
+        if callers.source is not None:
+            register(app, CallersFile(gate, callers.source))
     app[handlers.READY] = [True]
     app.on_shutdown.append(_stop_being_ready)
     if settings.redis_url is not None:
         # Before the session: closed after it, once no attempt holds a slot.
         app.cleanup_ctx.append(_coordination)
     app.cleanup_ctx.append(_supplier_session(gateway))
-    handlers.add_routes(app)
+    handlers.add_routes(app, callers=callers is not None)
     return app
+
+
+def _callers(settings: Settings) -> Callers | None:
+    """Who may call: the callers file, or each API key as an unnamed caller, or nobody asked."""
+    if settings.api_keys is not None:
+        return Callers.unnamed(settings.api_keys.digests)
+    return settings.callers
 
 
 async def _log_api_keys(app: web.Application) -> None:
     """One line at start-up saying whether callers need a key; never a key itself."""
     settings = app[SETTINGS]
-    if settings.api_keys is None:
+    protected = ["/api/", "/metrics"] if settings.metrics_require_key else ["/api/"]
+    if settings.callers is not None:
+        named = [
+            {
+                "name": caller.name,
+                "rate": None if caller.rate is None else str(caller.rate),
+                "seats": caller.seats,
+            }
+            for caller in settings.callers
+        ]
+        log_event(log, logging.INFO, "callers_on", {"callers": named, "protected": protected})
+    elif settings.api_keys is None:
         log_event(
             log,
             logging.WARNING,
@@ -98,7 +123,6 @@ async def _log_api_keys(app: web.Application) -> None:
             {"open": ["/api/quotes", "/metrics"], "enable": "--api-keys-file FILE"},
         )
     else:
-        protected = ["/api/", "/metrics"] if settings.metrics_require_key else ["/api/"]
         log_event(
             log,
             logging.INFO,

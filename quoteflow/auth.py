@@ -74,15 +74,34 @@ class ApiKeys:
     def __hash__(self) -> int:
         return hash(self._digests)
 
+    @property
+    def digests(self) -> tuple[bytes, ...]:
+        """The SHA-256 digest of every key (for ``callers``: each key an unnamed caller)."""
+        return self._digests
+
     def accepts(self, authorization: str | None) -> bool:
         """Whether an ``Authorization`` header value carries one of the keys."""
-        match = _BEARER.fullmatch(authorization or "")
-        presented = _digest(match[1] if match else "")
+        presented, well_formed = presented_digest(authorization)
         found = False
         for digest in self._digests:
             # Bitwise or, not ``any()``: every key is compared, whichever matches.
             found |= hmac.compare_digest(presented, digest)
-        return found and match is not None
+        return found and well_formed
+
+
+def presented_digest(authorization: str | None) -> tuple[bytes, bool]:
+    """The digest of the bearer key in an ``Authorization`` value, and whether there was one.
+
+    A value that carries no bearer key still gets a digest (of nothing), so
+    that checking it costs what checking a key costs.
+    """
+    match = _BEARER.fullmatch(authorization or "")
+    return _digest(match[1] if match else ""), match is not None
+
+
+def is_bearer_token(key: str) -> bool:
+    """Whether ``key`` can be sent as ``Authorization: Bearer <key>`` (RFC 6750's syntax)."""
+    return _TOKEN.fullmatch(key) is not None
 
 
 def _digest(key: str) -> bytes:

@@ -328,4 +328,7 @@ def encode_explain(report: QuoteReport) -> dict[str, Any]:
             ],
             "stopped": trace.stopped,
         }
-    return {"budget_ms": _ms(report.budget), "suppliers": suppliers}
+    bill: dict[str, Any] = {"budget_ms": _ms(report.budget), "suppliers": suppliers}
+    if report.caller is not None:
+        bill["caller"] = report.caller
+    return bill

@@ -9,6 +9,7 @@ from attrs import validators as v
 from yarl import URL
 
 from quoteflow.auth import ApiKeys
+from quoteflow.callers import Callers
 
 SUPPLIERS: tuple[str, ...] = ("atlas", "boreal", "cedar")
 """Every supplier QuoteFlow asks, in the order failures are listed."""
@@ -115,6 +116,10 @@ class Settings:
         default=None, validator=v.optional(v.instance_of(ApiKeys))
     )
     """Bearer keys that open ``/api/`` routes; ``None`` (the default): no key needed."""
+    callers: Callers | None = attrs.field(
+        default=None, validator=v.optional(v.instance_of(Callers))
+    )
+    """Named callers with their keys, rates and seats (``--callers``); not with ``api_keys``."""
     metrics_require_key: bool = attrs.field(default=False, validator=v.instance_of(bool))
     """Ask ``/metrics`` callers for one of ``api_keys`` too."""
     redis_url: str | None = attrs.field(default=None)
@@ -170,10 +175,15 @@ class Settings:
                 f"redis_prefix must be 1-100 printable characters without spaces, got {value!r}"
             )
 
+    @callers.validator
+    def _check_callers(self, attribute: attrs.Attribute[Callers | None], value: object) -> None:
+        if value is not None and self.api_keys is not None:
+            raise ValueError("--callers and --api-keys-file cannot both be given: choose one")
+
     @metrics_require_key.validator
     def _check_metrics_key(self, attribute: attrs.Attribute[bool], value: bool) -> None:
-        if value and self.api_keys is None:
-            raise ValueError("metrics_require_key needs API keys (--api-keys-file)")
+        if value and self.api_keys is None and self.callers is None:
+            raise ValueError("metrics_require_key needs API keys (--api-keys-file or --callers)")
 
     @answer_reserve.validator
     def _check_reserve(self, attribute: attrs.Attribute[float], value: float) -> None:

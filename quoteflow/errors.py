@@ -4,11 +4,16 @@
     ├── Unauthenticated        API keys are on and the caller gave none, or a wrong
     │                          one: send a valid key (401)
     ├── CapacityExhausted      not admitted: the caller may try again later (503)
+    ├── QuotaExceeded          the caller is over its rate: wait Retry-After (429)
+    ├── SeatsExceeded          the caller has all its seats in use: wait for one (429)
     ├── BadRequestBody         the caller's body is not JSON: fix it (400)
     ├── SlowRequestBody        the body did not arrive in time: send it faster (408)
     ├── InvalidRequest         JSON, but not a valid quote request: fix it (422)
     └── InvalidSupplierData    a supplier answered 200 with a body that is not a
                                valid quote: never retried (``invalid_data``)
+
+    ConfigError                a setting or file QuoteFlow cannot run with: one line,
+                               exit 2 at start-up; on reload the old file is kept
 
 Supplier trouble never leaves ``supplier.py`` as an exception: there it becomes
 an ordinary *result*, a failure code listed in the answer.
@@ -40,6 +45,25 @@ class CapacityExhausted(QuoteFlowError):
     """Every inbound slot is taken; the request was refused without waiting."""
 
 
+class QuotaExceeded(QuoteFlowError):
+    """The caller has used its whole rate; it may succeed again in ``retry_after`` seconds."""
+
+    def __init__(self, caller: str, retry_after: int) -> None:
+        super().__init__(f"caller {caller!r} is over its rate")
+        self.caller = caller
+        self.retry_after = retry_after
+        """Whole seconds, rounded up: never earlier than the caller may succeed."""
+
+
+class SeatsExceeded(QuoteFlowError):
+    """The caller already has as many requests in progress as its seats allow."""
+
+    def __init__(self, caller: str, seats: int) -> None:
+        super().__init__(f"caller {caller!r} has all {seats} of its seats in use")
+        self.caller = caller
+        self.seats = seats
+
+
 class BadRequestBody(QuoteFlowError):
     """The inbound body could not be read as JSON."""
 
@@ -50,6 +74,13 @@ class SlowRequestBody(QuoteFlowError):
 
 class InvalidSupplierData(QuoteFlowError):
     """A supplier's 200 answer is not a valid quote; retrying will not fix it."""
+
+
+class ConfigError(Exception):
+    """A flag, environment variable or file has a value QuoteFlow cannot run with.
+
+    Its text is one line that names where the value came from and never quotes a secret.
+    """
 
 
 @attrs.frozen

@@ -18,16 +18,19 @@ from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from quoteflow.auth import ApiKeys
+from quoteflow.callers import QUOTA_EXCEEDED, SEATS_EXCEEDED, Caller, Gate, Pass
 from quoteflow.codec import decode_request, encode_errors, encode_explain, encode_result, to_json
 from quoteflow.errors import (
     BadRequestBody,
     CapacityExhausted,
     InvalidRequest,
+    QuotaExceeded,
+    SeatsExceeded,
     SlowRequestBody,
     Unauthenticated,
 )
-from quoteflow.observe import BUSY, ERROR, INVALID, Telemetry
+from quoteflow.models import QuoteReport
+from quoteflow.observe import BUSY, ERROR, INVALID, OK, Telemetry
 from quoteflow.service import QuoteService
 
 SERVICE = web.AppKey("service", QuoteService)
@@ -38,8 +41,12 @@ READY = web.AppKey("ready", list[bool])
 REQUEST_ID = web.RequestKey("request_id", str)
 BODY_TIMEOUT = web.AppKey("body_timeout", float)
 """Seconds an inbound body may take to arrive."""
-API_KEYS = web.AppKey("api_keys", ApiKeys)
-"""Set only when keys are configured: then every ``/api/`` route needs one."""
+GATE = web.AppKey("gate", Gate)
+"""Set only when keys are configured (callers or API keys): then every ``/api/`` route needs one."""
+CALLER = web.RequestKey("caller", Caller)
+"""Who the request's key says it is (set by ``auth_middleware``)."""
+PASS = web.RequestKey("pass", Pass)
+"""The quote request's way through its caller's seats and rate (``quotes_for_caller``)."""
 METRICS_NEED_KEY = web.AppKey("metrics_need_key", bool)
 
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -90,7 +97,6 @@ def _openapi_document() -> bytes:
     return resources.files("quoteflow").joinpath("openapi.json").read_bytes()
 
 
-@_routes.post("/api/quotes")
 async def quotes(request: web.Request) -> web.Response:
     """The cheapest usable quote for a SKU and quantity, with every supplier failure.
 
@@ -104,6 +110,32 @@ async def quotes(request: web.Request) -> web.Response:
     quote_request = decode_request(await _read_body(request))
     with service.admitted() as admitted_at:
         report = await service.quote(quote_request, request[REQUEST_ID], admitted_at)
+    return _answer(request, report)
+
+
+async def quotes_for_caller(request: web.Request) -> web.Response:
+    """``quotes`` when keys are configured: through the caller's seats and rate first.
+
+    Registered instead of ``quotes`` at start-up, so that without keys a
+    request does nothing of this. Refused (429, or 503 when the inbound limit
+    is full), the request holds nothing and its body is never read.
+    """
+    service = request.app[SERVICE]
+    gate_pass = request[PASS] = Pass(request.app[GATE], request[CALLER])
+    await gate_pass.enter(service.ensure_capacity)
+    try:
+        quote_request = decode_request(await _read_body(request))
+        with service.admitted() as admitted_at:
+            # A fleet-wide rate's round trip came before admission: the budget pays for it.
+            since = admitted_at - gate_pass.waited
+            name = gate_pass.caller.name
+            report = await service.quote(quote_request, request[REQUEST_ID], since, caller=name)
+    finally:
+        gate_pass.leave()
+    return _answer(request, report)
+
+
+def _answer(request: web.Request, report: QuoteReport) -> web.Response:
     request.app[TELEMETRY].served(report)
     body = encode_result(report.result)
     if request.query.get("explain") in ("1", "true"):
@@ -164,6 +196,25 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             charset="utf-8",
             headers={"Retry-After": "1"},
         )
+    except QuotaExceeded as exc:
+        # RateLimit-Policy and RateLimit are added with every caller's answer (caller_answered).
+        telemetry.refused(QUOTA_EXCEEDED, request_id, 429, caller=exc.caller)
+        response = _error(
+            429,
+            QUOTA_EXCEEDED,
+            detail=f"caller {exc.caller!r} is over its rate; retry after {exc.retry_after} s",
+            retry_after_s=exc.retry_after,
+        )
+        response.headers["Retry-After"] = str(exc.retry_after)
+    except SeatsExceeded as exc:
+        telemetry.refused(SEATS_EXCEEDED, request_id, 429, caller=exc.caller)
+        response = _error(
+            429,
+            SEATS_EXCEEDED,
+            detail=f"caller {exc.caller!r} already has {exc.seats} requests in progress",
+            seats=exc.seats,
+        )
+        response.headers["Retry-After"] = "1"
     except SlowRequestBody:
         telemetry.refused(INVALID, request_id, 408, error="body_timeout")
         response = _error(408, "body_timeout", detail="the request body did not arrive in time")
@@ -197,14 +248,42 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """``/api/`` (and ``/metrics`` if asked) need a bearer key; installed only with keys.
 
+    The key alone says who the caller is (``request[CALLER]``); a wrong or
+    missing one is 401 before any caller's seats or rate are looked at.
     ``/health``, ``/ready`` and ``/openapi.json`` stay open: probes carry no keys.
     """
-    keys = request.app[API_KEYS]
     if _needs_key(request):
         authorization = request.headers.get(hdrs.AUTHORIZATION)
-        if not keys.accepts(authorization):
+        caller = request.app[GATE].identify(authorization)
+        if caller is None:
             raise Unauthenticated(missing=authorization is None)
+        request[CALLER] = caller
     return await handler(request)
+
+
+async def caller_answered(request: web.Request, response: web.StreamResponse) -> None:
+    """Every answer to a quote request of a caller: its RateLimit fields, and a count.
+
+    An ``on_response_prepare`` hook, installed only with keys. ``r`` is what
+    remains after this request; an answer that spent nothing (refused for
+    seats, or by the inbound limit) says where the caller stands now.
+    """
+    gate_pass = request.get(PASS)
+    if gate_pass is None:
+        return
+    fields = gate_pass.fields()
+    if fields is not None:
+        response.headers["RateLimit-Policy"], response.headers["RateLimit"] = fields
+    status = response.status
+    if status == 200:
+        result = OK
+    elif gate_pass.refused is not None:
+        result = gate_pass.refused
+    elif status == 503:
+        result = BUSY
+    else:
+        result = ERROR if status >= 500 else INVALID
+    request.app[TELEMETRY].caller_answered(gate_pass.caller.name, result)
 
 
 def _needs_key(request: web.Request) -> bool:
@@ -227,6 +306,7 @@ def _json(body: dict[str, Any], status: int = 200) -> web.Response:
     )
 
 
-def add_routes(app: web.Application) -> None:
-    """Register QuoteFlow's routes on ``app``."""
+def add_routes(app: web.Application, *, callers: bool = False) -> None:
+    """Register QuoteFlow's routes on ``app``; ``callers``: quote requests pass a caller's gate."""
+    app.router.add_post("/api/quotes", quotes_for_caller if callers else quotes)
     app.add_routes(_routes)

@@ -199,3 +199,5 @@ class QuoteReport:
     deadline: float
     """When the fan-out had to end: admission + budget - the answer's reserve."""
     traces: tuple[SupplierTrace, ...]
+    caller: str | None = None
+    """The caller's name when callers are configured (``-`` for an API key without one)."""

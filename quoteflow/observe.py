@@ -26,6 +26,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from quoteflow.breaker import State
+from quoteflow.callers import QUOTA_EXCEEDED, SEATS_EXCEEDED
 from quoteflow.config import SUPPLIERS
 from quoteflow.logs import log_event
 from quoteflow.models import (
@@ -75,8 +76,10 @@ _CIRCUIT_EVENTS = {
     State.OPEN: "circuit_opened",
 }
 
-# Results of an inbound request, as counted in quoteflow_requests_total.
+# Results of an inbound request, as counted in quoteflow_requests_total (and, with
+# callers, in quoteflow_caller_requests_total with the two refusals of callers.gate).
 OK, BUSY, INVALID, ERROR = "ok", "busy", "invalid", "error"
+CALLER_REFUSALS = (QUOTA_EXCEEDED, SEATS_EXCEEDED)
 
 
 class PlainCounter:
@@ -209,6 +212,8 @@ class Telemetry:
         self.registry = registry
         self._busy_unreported = 0
         self._busy_reported_at = -math.inf
+        self._limited_unreported: dict[tuple[str, str], int] = {}
+        self._limited_reported_at = -math.inf
         self._requests = PlainCounter(
             "quoteflow_requests", "Inbound quote requests by result.", ("result",)
         )
@@ -327,6 +332,20 @@ class Telemetry:
                 state = functools.partial(circuit_state, supplier)
                 self._circuit_state.readers[(supplier,)] = state
 
+    def watch_callers(self) -> None:
+        """Callers are configured: count every quote request's answer by caller and result."""
+        self._caller_requests = PlainCounter(
+            "quoteflow_caller_requests",
+            "Quote requests by caller (its name in the callers file; - for an unnamed key) and "
+            "result: ok, busy, invalid, error, or refused: quota_exceeded, seats_exceeded.",
+            ("caller", "result"),
+        )
+        self.add(self._caller_requests)
+
+    def caller_answered(self, caller: str, result: str) -> None:
+        """One quote request of ``caller`` was answered with ``result`` (after ``watch_callers``)."""
+        self._caller_requests.inc(caller, result)
+
     def circuit_moved(self, supplier: str, state: State, fields: Mapping[str, object]) -> None:
         """A supplier's circuit changed state: one event and one count per transition."""
         self._circuit_moves.inc(supplier, _CIRCUIT_LABELS[state])
@@ -434,6 +453,8 @@ class Telemetry:
                     for trace in report.traces
                 },
             }
+            if report.caller is not None:
+                fields["caller"] = report.caller
             log_event(log, logging.INFO, "quote_request", fields)
 
     def caller_left(self, request_id: str) -> None:
@@ -463,6 +484,18 @@ class Telemetry:
             if now - self._busy_reported_at >= 1.0:
                 count, self._busy_unreported, self._busy_reported_at = self._busy_unreported, 0, now
                 log_event(log, logging.INFO, "capacity_exhausted", {"refused": count})
+        elif result in CALLER_REFUSALS:
+            # A caller in a retry loop must not flood the log either: one debug
+            # event each, and at most once a second an info event of the counts.
+            level = logging.DEBUG
+            key = (str(fields.get("caller")), result)
+            self._limited_unreported[key] = self._limited_unreported.get(key, 0) + 1
+            now = time.monotonic()
+            if now - self._limited_reported_at >= 1.0:
+                counts, self._limited_unreported = self._limited_unreported, {}
+                self._limited_reported_at = now
+                refused = [{"caller": c, "reason": r, "refused": n} for (c, r), n in counts.items()]
+                log_event(log, logging.INFO, "callers_refused", {"refused": refused})
         else:
             level = logging.ERROR if result == ERROR else logging.INFO
         if log.isEnabledFor(level):

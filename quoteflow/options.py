@@ -1,7 +1,8 @@
 """Flags and ``QUOTEFLOW_*`` environment variables → ``Settings``; the only place that reads them.
 
 Every flag has an environment variable of the same name: ``--read-timeout`` is
-``QUOTEFLOW_READ_TIMEOUT``, ``--api-keys-file`` is ``QUOTEFLOW_API_KEYS_FILE``.
+``QUOTEFLOW_READ_TIMEOUT``, ``--api-keys-file`` is ``QUOTEFLOW_API_KEYS_FILE``
+(one exception: ``--callers`` is ``QUOTEFLOW_CALLERS_FILE``, as it names a file).
 A flag wins over its variable. ``python -m quoteflow`` reads both (``cli.py``);
 gunicorn's workers have no command line of their own and read the variables
 only (``app.gunicorn_app``). Either way a bad value is one ``ConfigError``
@@ -18,13 +19,11 @@ from typing import Any, NoReturn
 import attrs
 
 from quoteflow.auth import ApiKeys, ApiKeysError
+from quoteflow.callers import load_callers
 from quoteflow.config import Settings, redact_url
+from quoteflow.errors import ConfigError as ConfigError  # where it was first defined
 
 ENV_PREFIX = "QUOTEFLOW_"
-
-
-class ConfigError(Exception):
-    """A flag or environment variable has a value QuoteFlow cannot run with."""
 
 
 def _boolean(raw: str) -> bool:
@@ -73,6 +72,10 @@ _OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
         ApiKeys.from_file,
         "file of bearer keys for /api/quotes, one per line (default: no key needed)",
     ),
+    "callers": (
+        str,
+        "TOML file of named callers: key, rate, seats; not with --api-keys-file (default: none)",
+    ),
     "metrics_require_key": (_boolean, "/metrics needs a key too (with --api-keys-file)"),
     "redis_url": (
         str,
@@ -85,6 +88,9 @@ _OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
 _FLAGS = {"max_supplier_body_bytes": "--max-supplier-body", "api_keys": "--api-keys-file"}
 """Flags whose name is not the setting's own."""
 
+_ENVS = {"callers": "QUOTEFLOW_CALLERS_FILE"}
+"""Variables whose name is not their flag's: like ``QUOTEFLOW_API_KEYS_FILE``, it names a file."""
+
 
 def flag(name: str) -> str:
     """The command-line flag of the setting ``name``."""
@@ -93,6 +99,8 @@ def flag(name: str) -> str:
 
 def env_name(name: str) -> str:
     """The environment variable of the setting ``name``: its flag, upper-cased."""
+    if name in _ENVS:
+        return _ENVS[name]
     return ENV_PREFIX + flag(name).removeprefix("--").upper().replace("-", "_")
 
 
@@ -139,8 +147,9 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
         if raw is None:
             continue
         try:
-            values[name] = convert(raw)
-        except ApiKeysError as exc:
+            # The callers file may name its keys' variables: it reads the same environment.
+            values[name] = load_callers(raw, environ) if name == "callers" else convert(raw)
+        except (ApiKeysError, ConfigError) as exc:
             raise ConfigError(f"{source}: {exc}") from None
         except ValueError:
             raise ConfigError(

@@ -104,9 +104,16 @@ class QuoteService:
             self.in_flight -= 1
 
     async def quote(
-        self, request: QuoteRequest, request_id: str, admitted_at: float
+        self,
+        request: QuoteRequest,
+        request_id: str,
+        admitted_at: float,
+        caller: str | None = None,
     ) -> QuoteReport:
-        """Every supplier's answer to ``request``, within the budget from ``admitted_at``."""
+        """Every supplier's answer to ``request``, within the budget from ``admitted_at``.
+
+        ``caller``: the name of who asked, carried into the bill and the log.
+        """
         # The fan-out stops a little before the budget ends, so that ranking,
         # encoding and sending the answer fit inside it too.
         deadline = admitted_at + self._budget - self._answer_reserve
@@ -158,6 +165,7 @@ class QuoteService:
             admitted_at=admitted_at,
             deadline=deadline,
             traces=traces,
+            caller=caller,
         )
 
     def _permit(self, supplier: str) -> Permit:

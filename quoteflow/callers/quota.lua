@@ -1,0 +1,31 @@
+-- One caller's rate for the whole fleet: GCRA kept as a level (quoteflow/callers/meter.py).
+--
+-- KEYS[1]  <prefix>:caller:<name>, a string "<used> <at ms>"
+-- ARGV[1]  burst: the most requests that may be used at once (the quota)
+-- ARGV[2]  interval: ms for one used request to drain back (window / quota)
+-- Reply    {1, used after this request} admitted, or {0, used now} refused.
+--
+-- One clock for the fleet: Redis' own (TIME). A refusal writes nothing. The
+-- key expires once it has drained: an idle caller costs no memory.
+local burst = tonumber(ARGV[1])
+local interval = tonumber(ARGV[2])
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + tonumber(clock[2]) / 1000
+
+local used = 0
+local state = redis.call('GET', KEYS[1])
+if state then
+  local level, at = string.match(state, '^(%S+) (%S+)$')
+  level, at = tonumber(level), tonumber(at)
+  if level and at then
+    used = math.max(0, level - math.max(0, now - at) / interval)
+  end
+end
+
+if used + 1 > burst then
+  return {0, string.format('%.6f', used)}
+end
+used = used + 1
+local ttl = math.ceil(used * interval) + 1000
+redis.call('SET', KEYS[1], string.format('%.6f %.3f', used, now), 'PX', ttl)
+return {1, string.format('%.6f', used)}
