@@ -343,7 +343,7 @@ class Telemetry:
         self.add(self._caller_requests)
 
     def caller_answered(self, caller: str, result: str) -> None:
-        """One quote request of ``caller`` was answered with ``result`` (after ``watch_callers``)."""
+        """A quote request of ``caller`` was answered with ``result`` (after ``watch_callers``)."""
         self._caller_requests.inc(caller, result)
 
     def circuit_moved(self, supplier: str, state: State, fields: Mapping[str, object]) -> None:

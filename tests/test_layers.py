@@ -31,6 +31,7 @@ LAYERS = [
     "codec",
     "models",
     "config",
+    "callers",
     "auth",
     "errors",
     "logs",
@@ -40,6 +41,7 @@ form the base)."""
 
 PACKAGE_LAYERS = {
     "fleet": ["coordinator", "leases", "budget", "timing"],
+    "callers": ["gate", "shared", "meter", "file", "model"],
 }
 """Inside a sub-package the same rule holds among its modules (``__init__`` only re-exports)."""
 

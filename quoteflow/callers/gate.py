@@ -87,7 +87,7 @@ class Gate:
 class Pass:
     """One request's way through its caller's gate; ``leave`` once it is answered."""
 
-    __slots__ = ("gate", "caller", "standing", "refused", "waited", "_seated")
+    __slots__ = ("_seated", "caller", "gate", "refused", "standing", "waited")
 
     def __init__(self, gate: Gate, caller: Caller) -> None:
         self.gate = gate

@@ -70,7 +70,7 @@ class Standing:
 class Bucket:
     """One caller's level: ``used`` requests as of ``at`` (``time.monotonic()``)."""
 
-    __slots__ = ("used", "at")
+    __slots__ = ("at", "used")
 
     def __init__(self, used: float = 0.0, at: float = 0.0) -> None:
         self.used = used

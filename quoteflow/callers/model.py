@@ -9,7 +9,7 @@ caller sends besides its key tells which caller it is.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import attrs
 from attrs import validators as v
@@ -60,7 +60,7 @@ class Callers:
     event) must show the names, never recurse into the digests.
     """
 
-    __slots__ = ("_digests", "_callers", "source")
+    __slots__ = ("_callers", "_digests", "source")
 
     def __init__(self, entries: Iterable[tuple[bytes, Caller]], source: str | None = None) -> None:
         pairs = tuple(entries)
@@ -85,7 +85,7 @@ class Callers:
     def __len__(self) -> int:
         return len(self._callers)
 
-    def __iter__(self) -> Iterable[Caller]:
+    def __iter__(self) -> Iterator[Caller]:
         return iter(self._callers)
 
     def __repr__(self) -> str:
