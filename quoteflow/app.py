@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from quoteflow import handlers, logs
 from quoteflow.breaker import Breakers
-from quoteflow.callers import Callers, CallersFile, Gate
+from quoteflow.callers import Callers, CallersFile, Gate, SharedMeter
 from quoteflow.config import SUPPLIERS, Settings
 from quoteflow.fleet import Coordinator
 from quoteflow.hostmetrics import HostTelemetry
@@ -207,15 +207,28 @@ async def _coordination(app: web.Application) -> AsyncIterator[None]:
     Starting opens no connection that could block: a Redis that is down at
     start-up only means this worker starts on its own limits and joins later.
     """
-    coordinator = Coordinator(app[SETTINGS])
+    settings = app[SETTINGS]
+    coordinator = Coordinator(settings)
     await coordinator.start()
     app[COORDINATOR] = coordinator
-    app[handlers.TELEMETRY].watch_coordination(
+    telemetry = app[handlers.TELEMETRY]
+    telemetry.watch_coordination(
         up=lambda: float(coordinator.up),
         leased=lambda: float(coordinator.slots.leased_total),
         workers=lambda: float(coordinator.workers),
         syncs=lambda: coordinator.syncs,
     )
+    gate = app.get(handlers.GATE)
+    if gate is not None:
+        # Callers' rates hold for the whole fleet, on the coordinator's client.
+        shared = gate.shared = SharedMeter(
+            coordinator.redis,
+            prefix=settings.redis_prefix,
+            timeout=settings.redis_timeout,
+            workers=lambda: coordinator.workers,
+            coordinated=lambda: coordinator.up,
+        )
+        telemetry.watch_caller_quota(lambda: shared.calls)
     try:
         yield
     finally:

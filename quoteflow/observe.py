@@ -342,6 +342,17 @@ class Telemetry:
         )
         self.add(self._caller_requests)
 
+    def watch_caller_quota(self, calls: Callable[[], Mapping[str, float]]) -> None:
+        """Fleet mode with callers: the Redis round trips of callers' rates, by result."""
+        self.add(
+            ReadCounter(
+                "quoteflow_caller_quota_calls",
+                "Round trips to Redis for callers' fleet-wide rates, by result (ok, failed).",
+                ("result",),
+                lambda: {(result,): count for result, count in calls().items()},
+            )
+        )
+
     def caller_answered(self, caller: str, result: str) -> None:
         """A quote request of ``caller`` was answered with ``result`` (after ``watch_callers``)."""
         self._caller_requests.inc(caller, result)

@@ -112,6 +112,12 @@ class Coordinator:
         self._listener = self._spawn(self._listen(self._generation), "quoteflow-fleet-listener")
         self._set_due(self._loop.time())
 
+    @property
+    def redis(self) -> Redis:
+        """The Redis client, once started: other fleet-wide state (callers' rates) shares it."""
+        assert self._redis is not None, "start() first"
+        return self._redis
+
     async def close(self) -> None:
         """Say goodbye (slots and tokens back at once, best effort), then close everything."""
         self._closing = True
