@@ -12,7 +12,7 @@ import functools
 import random
 import re
 from importlib import resources
-from typing import Any
+from typing import Any, TypedDict
 
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
@@ -216,13 +216,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         )
         response.headers["Retry-After"] = "1"
     except SlowRequestBody:
-        telemetry.refused(INVALID, request_id, 408, error="body_timeout")
+        telemetry.refused(INVALID, request_id, 408, error="body_timeout", **_who(request))
         response = _error(408, "body_timeout", detail="the request body did not arrive in time")
     except BadRequestBody as exc:
-        telemetry.refused(INVALID, request_id, 400, error="invalid_json")
+        telemetry.refused(INVALID, request_id, 400, error="invalid_json", **_who(request))
         response = _error(400, "invalid_json", detail=str(exc))
     except InvalidRequest as exc:
-        telemetry.refused(INVALID, request_id, 422, error="invalid_request")
+        telemetry.refused(INVALID, request_id, 422, error="invalid_request", **_who(request))
         response = _error(422, "invalid_request", detail=encode_errors(exc.errors))
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -233,12 +233,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         # aiohttp's own answers (404, 405, 413, ...) come as plain text.
         error = _ERROR_NAMES.get(exc.status) or _snake(exc.reason)
         if exc.status == 413:
-            telemetry.refused(INVALID, request_id, 413, error=error)
+            telemetry.refused(INVALID, request_id, 413, error=error, **_who(request))
         response = _error(exc.status, error, detail=exc.text)
         if "Allow" in exc.headers:
             response.headers["Allow"] = exc.headers["Allow"]
     except Exception as exc:
-        telemetry.refused(ERROR, request_id, 500, exc=exc, path=request.path)
+        telemetry.refused(ERROR, request_id, 500, exc=exc, path=request.path, **_who(request))
         response = _error(500, "internal_error")
     response.headers["X-Request-ID"] = request_id
     return response
@@ -284,6 +284,16 @@ async def caller_answered(request: web.Request, response: web.StreamResponse) ->
     else:
         result = ERROR if status >= 500 else INVALID
     request.app[TELEMETRY].caller_answered(gate_pass.caller.name, result)
+
+
+class _Who(TypedDict, total=False):
+    caller: str
+
+
+def _who(request: web.Request) -> _Who:
+    """``caller`` for the log line of a refusal, when the key named one (never on the busy path)."""
+    caller = request.get(CALLER)
+    return {} if caller is None else {"caller": caller.name}
 
 
 def _needs_key(request: web.Request) -> bool:

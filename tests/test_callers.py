@@ -250,17 +250,24 @@ async def test_metrics_log_and_bill_name_the_caller(
 ) -> None:
     """Per-caller counts by result, the name in the request's log line and the bill; no key."""
     caplog.set_level(logging.DEBUG, logger="quoteflow")
-    callers = load(tmp_path / "c.toml", {"name": "acme", "rate": "1/60s"})
+    callers = load(tmp_path / "c.toml", {"name": "acme", "rate": "2/60s"})
     client = await start_quoteflow(callers=callers)
     served = await client.post("/api/quotes?explain=1", json={}, headers=bearer("acme"))
     assert (await served.json())["explain"]["caller"] == "acme"
+    invalid = await client.post("/api/quotes", json={"sku": ""}, headers=bearer("acme"))
+    assert invalid.status == 422
     assert (await client.post("/api/quotes", json={}, headers=bearer("acme"))).status == 429
     text = (await (await client.get("/metrics")).read()).decode()
     assert 'quoteflow_caller_requests_total{caller="acme",result="ok"} 1.0' in text
+    assert 'quoteflow_caller_requests_total{caller="acme",result="invalid"} 1.0' in text
     assert 'quoteflow_caller_requests_total{caller="acme",result="quota_exceeded"} 1.0' in text
     assert 'quoteflow_requests_total{result="quota_exceeded"} 1.0' in text
     lines = [r.fields for r in caplog.records if getattr(r, "event", "") == "quote_request"]  # type: ignore[attr-defined]
-    assert [(f["status"], f.get("caller")) for f in lines] == [(200, "acme"), (429, "acme")]
+    assert [(f["status"], f.get("caller")) for f in lines] == [
+        (200, "acme"),
+        (422, "acme"),
+        (429, "acme"),
+    ]
     logged = caplog.text + repr([getattr(r, "fields", None) for r in caplog.records])
     assert KEYS["acme"] not in logged
     assert sha256(KEYS["acme"]) not in logged

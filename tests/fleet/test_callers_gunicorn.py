@@ -8,6 +8,7 @@ import re
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -18,12 +19,24 @@ from tests.fleet.procs import Gunicorn, Lab, RedisServer, start_gunicorn
 
 
 @pytest.fixture(scope="module")
+def callers_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fleet's callers file: acme at 10/60s, and gamma."""
+    directory = tmp_path_factory.mktemp("callers")
+    return write_callers(
+        directory / "callers.toml", {"name": "acme", "rate": "10/60s"}, {"name": "gamma"}
+    )
+
+
+@pytest.fixture(scope="module")
 def callers_fleet(
-    tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer, lab_process: Lab
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_server: RedisServer,
+    lab_process: Lab,
+    callers_file: Path,
 ) -> Iterator[Gunicorn]:
     """2 workers serving a callers file; a Redis prefix of their own beside the shared fleet's."""
     directory = tmp_path_factory.mktemp("callers-fleet")
-    path = write_callers(directory / "callers.toml", {"name": "acme", "rate": "10/60s"})
+    path = callers_file
     settings = fleet_settings(
         redis_server,
         lab_process,
@@ -87,3 +100,37 @@ async def test_two_workers_admit_exactly_one_quota(
     # One round trip per admitted request, one for the first refusal, none after it.
     trips = _metric(text, 'quoteflow_caller_quota_calls_total{result="ok"}')
     assert admitted <= trips <= admitted + 2
+
+
+async def test_the_masters_hup_serves_the_new_file_and_the_fleet_keeps_what_was_used(
+    callers_fleet: Gunicorn, callers_file: Path, session: aiohttp.ClientSession
+) -> None:
+    """gunicorn's HUP: new workers read the file; a new key works, a removed one is 401,
+    and acme's lowered rate counts what it used before (its level is in Redis)."""
+    url = callers_fleet.url
+
+    async def ask(name: str) -> int:
+        async with session.post(f"{url}/api/quotes", json={}, headers=bearer(name)) as answer:
+            await answer.read()
+            return answer.status
+
+    assert await ask("gamma") == 200
+    for _ in range(12):  # acme uses all of its 10 (whatever the test above left)
+        if await ask("acme") == 429:
+            break
+    old = callers_fleet.workers()
+    write_callers(callers_file, {"name": "acme", "rate": "20/60s"}, {"name": "beta"})
+    os.kill(callers_fleet.pid, signal.SIGHUP)
+    end = time.monotonic() + 15
+    while True:  # gunicorn's graceful reload: two new workers, booted
+        new = callers_fleet.workers()
+        if len(new) == 2 and not new & old and all(callers_fleet.booted(p) for p in new):
+            break
+        assert time.monotonic() < end, "the workers were not replaced"
+        await asyncio.sleep(0.05)
+    assert await ask("beta") == 200
+    assert await ask("gamma") == 401
+    # acme has used its 10: 20/60s leaves it 10 more, not 20.
+    statuses = [await ask("acme") for _ in range(12)]
+    assert 10 <= statuses.count(200) <= 11
+    assert statuses[-1] == 429
