@@ -11,6 +11,7 @@
 --                   cedar failed, circuit_open answers, elapsed_ms)
 --   BENCH_TIMELINE  1: also count 200s and boreal's quotes per 100 ms slot
 --   BENCH_WRK_OUT   file done() writes its tab-separated results to
+--   BENCH_AUTHORIZATION  an Authorization header to send (a caller's key)
 --
 -- wrk copies only flat tables between its Lua states (a nested table
 -- crashes it), so each thread keeps one flat table `bench` of string keys.
@@ -51,8 +52,14 @@ function setup(thread)
   table.insert(threads, thread)
 end
 
+local authorization = os.getenv("BENCH_AUTHORIZATION")
+
 function init(args)
-  req = wrk.format("POST", "/api/quotes", { ["Content-Type"] = "application/json" }, body)
+  local headers = { ["Content-Type"] = "application/json" }
+  if authorization ~= nil and authorization ~= "" then
+    headers["Authorization"] = authorization
+  end
+  req = wrk.format("POST", "/api/quotes", headers, body)
   bench = {}
 end
 

@@ -66,6 +66,7 @@ def run_wrk(
     sku: str = "KB-001",
     inspect: bool = False,
     timeline: bool = False,
+    authorization: str = "",
 ) -> WrkRun:
     """Run wrk against ``url`` + ``/api/quotes`` with one thread per connection."""
     out_path = out_dir / f"{tag}.tsv"
@@ -78,6 +79,7 @@ def run_wrk(
         BENCH_INSPECT="1" if inspect or timeline else "0",
         BENCH_TIMELINE="1" if timeline else "0",
         BENCH_WRK_OUT=str(out_path),
+        BENCH_AUTHORIZATION=authorization,
     )
     argv = [
         wrk,

@@ -130,3 +130,21 @@ async def test_an_emptied_redis_forgets_what_was_used_and_serves_on(
     assert redis_server.command("SCRIPT", "FLUSH") == "+OK"
     status, headers = await ask(workers[1])
     assert (status, headers["RateLimit"]) == (200, '"acme";r=1;t=30')
+
+
+async def test_far_from_its_quota_a_worker_takes_a_lease_but_never_exceeds_the_quota(
+    redis_server: RedisServer, start_quoteflow: StartQuoteFlow, tmp_path: Path
+) -> None:
+    """40/60s on two workers: fewer round trips than answers, and 40 admitted, never 41."""
+    path = write_callers(tmp_path / "c.toml", {"name": "acme", "rate": "40/60s"})
+    workers = await two_workers(start_quoteflow, redis_server, path)
+    answers = [await ask(workers[i % 2]) for i in range(50)]
+    statuses = [status for status, _ in answers]
+    assert 39 <= statuses.count(200) <= 40  # a lease's last request may lapse unused
+    assert statuses[-5:] == [429] * 5
+    trips = sum(round_trips(client)["ok"] for client in workers)
+    assert trips < statuses.count(200)
+    # What a caller is told stays true: r never grows while it spends, and ends at 0.
+    remaining = [int(h["RateLimit"].split("r=")[1].split(";")[0]) for _, h in answers]
+    assert remaining[0] == 39
+    assert remaining[-1] == 0

@@ -37,9 +37,10 @@ and ``t`` the seconds until one more request is available (so a 429's ``t``
 equals its ``Retry-After``).
 
 **Fleet-wide** (``shared.py``, with ``--redis-url``): the rate holds for every
-worker together, one EVALSHA of ``quota.lua`` per admitted request and none
-for a refusal whose retry time is known; Redis out of reach → each worker
-keeps to ``rate / live workers``, bounded by ``--redis-timeout``, never a 5xx.
+worker together, at most one EVALSHA of ``quota.lua`` per admitted request
+(far from the quota, one per short lease of several) and none for a refusal
+whose retry time is known; Redis out of reach → each worker keeps to ``rate /
+live workers``, bounded by ``--redis-timeout``, never a 5xx.
 
 **Reload** (``CallersFile``): ``SIGHUP`` re-reads the file and swaps the
 callers whole; a bad file changes nothing (one ``reload_refused`` event).

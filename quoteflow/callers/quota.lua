@@ -3,12 +3,14 @@
 -- KEYS[1]  <prefix>:caller:<name>, a string "<used> <at ms>"
 -- ARGV[1]  burst: the most requests that may be used at once (the quota)
 -- ARGV[2]  interval: ms for one used request to drain back (window / quota)
--- Reply    {1, used after this request} admitted, or {0, used now} refused.
+-- ARGV[3]  want: requests asked for at once (a lease; 1 near the quota)
+-- Reply    {granted (1..want), used after them}, or {0, used now}: refused.
 --
 -- One clock for the fleet: Redis' own (TIME). A refusal writes nothing. The
 -- key expires once it has drained: an idle caller costs no memory.
 local burst = tonumber(ARGV[1])
 local interval = tonumber(ARGV[2])
+local want = tonumber(ARGV[3])
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + tonumber(clock[2]) / 1000
 
@@ -25,7 +27,8 @@ end
 if used + 1 > burst then
   return {0, string.format('%.6f', used)}
 end
-used = used + 1
+local granted = math.min(want, math.floor(burst - used))
+used = used + granted
 local ttl = math.ceil(used * interval) + 1000
 redis.call('SET', KEYS[1], string.format('%.6f %.3f', used, now), 'PX', ttl)
-return {1, string.format('%.6f', used)}
+return {granted, string.format('%.6f', used)}

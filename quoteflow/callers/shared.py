@@ -1,14 +1,26 @@
-"""A caller's rate for the whole fleet: one EVALSHA of ``quota.lua`` per admitted request.
+"""A caller's rate for the whole fleet: at most one EVALSHA of ``quota.lua`` per admission.
 
 Redis holds each caller's level (``meter``) under ``<prefix>:caller:<name>``;
 the script drains it by Redis' own clock, admits or refuses, and writes only
 when it admits. The client is the fleet coordinator's (``quoteflow.fleet``),
 so fleet mode keeps one Redis connection pool per worker.
 
-Round trips: one per admitted request, and none for a request refused while
-the retry time Redis gave its caller has not passed — that refusal is
+Round trips: at most one per admitted request, and none for a request refused
+while the retry time Redis gave its caller has not passed — that refusal is
 remembered here (``_retry_at``) and answered locally, so a caller in a retry
 loop costs the fleet nothing.
+
+**Leases.** A round trip costs about as much CPU as a third of a whole
+answered request (measured: ~150 µs in the worker, ~50 µs in Redis), so far
+from its quota a caller's requests are granted a few at a time: the script
+counts them all at once and this worker admits the rest locally (``Lease``)
+for at most ``lease_time`` (a hundredth of the window, ≤ 0.5 s). A lease is
+at most a quarter of what is free divided among the live workers, so close to
+the quota (and always for a small one: 10/60s on two workers) requests are
+granted one by one, and the quota holds exactly. What a lease costs: a request
+counted in Redis up to ``lease_time`` before it is sent, so over any window
+at most 1 % of the quota more (ordinarily less than one request); requests of
+a lease unused when it lapses are lost, never reused (counted, not sent).
 
 Redis down, frozen or emptied: a call is bounded by ``redis_timeout``; past
 it, or on any Redis error, this worker keeps to its own share of each rate —
@@ -41,6 +53,29 @@ log = logging.getLogger("quoteflow")
 SCRIPT: Final = resources.files(__package__).joinpath("quota.lua").read_text(encoding="utf-8")
 RECONNECT: Final = 0.5
 """Seconds after a failed call before this worker asks Redis again."""
+MAX_LEASE: Final = 32
+"""Most requests of one caller Redis grants one worker in one round trip."""
+MAX_LEASE_TIME: Final = 0.5
+"""Longest a lease lasts, seconds; unused by then, its requests are lost, never reused."""
+
+
+def lease_time(rate: Rate) -> float:
+    """Seconds a lease of ``rate`` lasts: a hundredth of its window, at most ``MAX_LEASE_TIME``.
+
+    A request granted ahead of time and sent up to this much later is the
+    rate's only slack: over any window at most 1 % more than the quota.
+    """
+    return min(MAX_LEASE_TIME, rate.window / 100)
+
+
+class Lease:
+    """Requests of one caller Redis has counted and granted this worker, usable until ``until``."""
+
+    __slots__ = ("units", "until")
+
+    def __init__(self, units: int, until: float) -> None:
+        self.units = units
+        self.until = until
 
 
 class SharedMeter:
@@ -69,6 +104,8 @@ class SharedMeter:
         """Refused until then (``time.monotonic()``), by caller: answered without Redis."""
         self._last: dict[str, Bucket] = {}
         """Each caller's level as Redis last gave it, for answers that spend nothing."""
+        self._leases: dict[str, Lease] = {}
+        """Requests Redis granted this worker ahead of time, by caller."""
         self.fallback = LocalMeter()
         """This worker's share of each rate while Redis is out of reach."""
         self.down = False
@@ -83,15 +120,22 @@ class SharedMeter:
             if now < retry_at:
                 return False, _refused_until(rate, retry_at - now)
             del self._retry_at[name]
+        lease = self._leases.get(name)
+        if lease is not None:
+            if lease.units and now < lease.until:
+                lease.units -= 1
+                return True, self._standing(name, rate, now)
+            del self._leases[name]
         if now < self._retry_redis_at or not self._coordinated():
             return self._spend_locally(name, rate, now)
+        want = self._lease_size(name, rate, now)
         try:
             async with asyncio.timeout(self._timeout):
                 reply = await self._script(
                     keys=[f"{self._prefix}:caller:{name}"],
-                    args=[rate.quota, f"{rate.interval * 1000:.3f}"],
+                    args=[rate.quota, f"{rate.interval * 1000:.3f}", want],
                 )
-            admitted, used = int(reply[0]) == 1, float(reply[1])
+            granted, used = int(reply[0]), float(reply[1])
         except self._errors as exc:
             self.calls["failed"] += 1
             self._lost(f"{type(exc).__name__}: {exc}".strip())
@@ -103,11 +147,13 @@ class SharedMeter:
             self._found()
         at = time.monotonic()
         self._last[name] = Bucket(used, at)
-        standing = Standing(rate, used, rate.quota, rate.interval)
-        if not admitted:
+        if granted > 1:
+            self._leases[name] = Lease(granted - 1, at + lease_time(rate))
+        standing = self._standing(name, rate, at)
+        if not granted:
             # Measured from the answer, not the question: never earlier than Redis said.
             self._retry_at[name] = at + standing.wait
-        return admitted, standing
+        return granted > 0, standing
 
     def peek(self, name: str, rate: Rate) -> Standing:
         """Where ``name`` stands as this worker last heard, spending nothing (no round trip)."""
@@ -117,16 +163,37 @@ class SharedMeter:
             return _refused_until(rate, retry_at - now)
         if self.down or not self._coordinated():
             return self.fallback.peek(name, rate, now, self._share())
-        last = self._last.get(name)
-        used = 0.0 if last is None else last.level(now, rate.interval)
-        return Standing(rate, used, rate.quota, rate.interval)
+        return self._standing(name, rate, now)
 
     def keep_only(self, names: set[str]) -> None:
-        """Forget the callers a reload removed."""
+        """Forget the callers a reload removed; give up every lease (a rate may have changed)."""
         for table in (self._retry_at, self._last):
             for name in set(table) - names:
                 del table[name]
+        self._leases.clear()
         self.fallback.keep_only(names)
+
+    def _standing(self, name: str, rate: Rate, now: float) -> Standing:
+        """Where ``name`` stands fleet-wide as last heard: what Redis counts, less our lease."""
+        last = self._last.get(name)
+        used = 0.0 if last is None else last.level(now, rate.interval)
+        lease = self._leases.get(name)
+        if lease is not None and now < lease.until:
+            used = max(0.0, used - lease.units)  # granted to us, not yet sent by the caller
+        return Standing(rate, used, rate.quota, rate.interval)
+
+    def _lease_size(self, name: str, rate: Rate, now: float) -> int:
+        """Requests to ask Redis for at once: 1 near the quota, more only far from it.
+
+        At most a quarter of what is free, divided among the live workers, so
+        that what one worker holds can never starve another: a caller of
+        10/60s on two workers is always asked for one at a time, exactly.
+        """
+        last = self._last.get(name)
+        if last is None:
+            return 1
+        free = rate.quota - last.level(now, rate.interval)
+        return max(1, min(MAX_LEASE, math.floor(free / (4 * self._share()))))
 
     def _share(self) -> int:
         return max(1, self._workers())
