@@ -67,7 +67,8 @@ class Gate:
             return self.shared.peek(caller.name, caller.rate)
         return self.local.peek(caller.name, caller.rate, time.monotonic())
 
-    def _sit(self, caller: Caller) -> None:
+    def take_seat(self, caller: Caller) -> None:
+        """One more of ``caller``'s seats, or ``SeatsExceeded`` (taking nothing)."""
         seats = caller.seats
         if seats is not None:
             taken = self.seated.get(caller.name, 0)
@@ -75,7 +76,8 @@ class Gate:
                 raise SeatsExceeded(caller.name, seats)
             self.seated[caller.name] = taken + 1
 
-    def _stand(self, caller: Caller) -> None:
+    def give_seat(self, caller: Caller) -> None:
+        """Give back a seat ``take_seat`` took."""
         if caller.seats is not None:
             left = self.seated[caller.name] - 1
             if left:
@@ -108,7 +110,7 @@ class Pass:
         """
         gate, caller = self.gate, self.caller
         try:
-            gate._sit(caller)
+            gate.take_seat(caller)
         except SeatsExceeded:
             self.refused = SEATS_EXCEEDED
             raise
@@ -136,7 +138,7 @@ class Pass:
         """Give back the seat (once, whatever happened)."""
         if self._seated:
             self._seated = False
-            self.gate._stand(self.caller)
+            self.gate.give_seat(self.caller)
 
     def fields(self) -> tuple[str, str] | None:
         """``RateLimit-Policy`` and ``RateLimit`` for this request's answer (``None``: no rate)."""
