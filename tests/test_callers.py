@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from quoteflow import cli
+from quoteflow import cli, handlers
+from quoteflow.app import create_app
 from quoteflow.auth import ApiKeys
 from quoteflow.callers import Callers, Rate, Standing, load_callers
 from quoteflow.config import Settings
@@ -237,9 +238,7 @@ async def test_a_rate_refusal_holds_no_seat(
         refused = await client.post("/api/quotes", json={}, headers=bearer("acme"))
         assert (await refused.json())["error"] == "quota_exceeded"
     assert client.app is not None
-    from quoteflow.handlers import GATE
-
-    assert client.app[GATE].seated == {}
+    assert client.app[handlers.GATE].seated == {}
 
 
 # -- what an operator sees -----------------------------------------------------------------
@@ -292,3 +291,13 @@ def test_settings_refuse_callers_and_api_keys_together(tmp_path: Path) -> None:
     callers = load(tmp_path / "c.toml", {"name": "acme"})
     with pytest.raises(ValueError, match="cannot both be given"):
         Settings(callers=callers, api_keys=ApiKeys([KEYS["beta"]]))
+
+
+def test_without_keys_a_request_passes_no_callers_layer() -> None:
+    """Callers off: no auth middleware, no response hook, the plain handler: nothing per request."""
+    app = create_app(Settings())
+    assert list(app.middlewares) == [handlers.error_middleware]
+    assert handlers.caller_answered not in app.on_response_prepare
+    (route,) = [r for r in app.router.routes() if r.method == "POST"]
+    assert route.handler is handlers.quotes
+    assert handlers.GATE not in app

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient
 
 from quoteflow.app import COORDINATOR
@@ -72,13 +73,15 @@ async def test_two_workers_admit_exactly_the_quota_between_them(
     assert round_trips(workers[0]) == calls[0]
 
 
-async def test_redis_frozen_mid_window_falls_back_to_a_share_and_comes_back(
+@pytest.mark.parametrize("fault", ["frozen", "stopped"])
+async def test_redis_lost_mid_window_falls_back_to_a_share_and_comes_back(
     redis_server: RedisServer,
     start_quoteflow: StartQuoteFlow,
     suppliers: FakeSuppliers,
     tmp_path: Path,
+    fault: str,
 ) -> None:
-    """Redis frozen: no 5xx, answers within budget, quota ÷ 2 each at most; back within 2 s."""
+    """Redis frozen or stopped: no 5xx, answers in budget, quota ÷ 2 each at most; back in 2 s."""
     path = write_callers(tmp_path / "c.toml", {"name": "acme", "rate": "8/60s"})
     budget = 0.5
     workers = await two_workers(start_quoteflow, redis_server, path, budget=budget)
@@ -86,7 +89,11 @@ async def test_redis_frozen_mid_window_falls_back_to_a_share_and_comes_back(
     assert [(await ask(client))[0] for client in workers] == [200, 200]  # 6 left fleet-wide
 
     assert redis_server.process is not None
-    os.kill(redis_server.process.pid, signal.SIGSTOP)
+    pid = redis_server.process.pid
+    if fault == "frozen":
+        os.kill(pid, signal.SIGSTOP)  # connections stay open, nothing answers
+    else:
+        await asyncio.to_thread(redis_server.stop)
     try:
         seen: list[tuple[int, float]] = []
         for client in workers:
@@ -98,7 +105,10 @@ async def test_redis_frozen_mid_window_falls_back_to_a_share_and_comes_back(
         text = await (await workers[0].get("/metrics")).text()
         assert "quoteflow_coordination_up 0.0" in text
     finally:
-        os.kill(redis_server.process.pid, signal.SIGCONT)
+        if fault == "frozen":
+            os.kill(pid, signal.SIGCONT)
+        else:
+            await asyncio.to_thread(redis_server.start)  # back empty
     assert {status for status, _ in seen} <= {200, 429}
     assert max(elapsed for _, elapsed in seen) <= budget + 0.2
     # Each worker keeps to 8 / 2 = 4 at once, less its share of what was used (1 of 2).
