@@ -132,7 +132,10 @@ def run_callers(bench: Bench) -> dict[str, Any]:
         for deployment in deployments.values():
             deployment.stop()
         stop(single_on)
-    return {"rate": RATE, "runs": runs}
+    log = deployments["fleet-on"].gunicorn.log_path.read_text(errors="replace")
+    # Any would mean fleet-on ran spells on each worker's own share of the rate.
+    downs = log.count('"event":"quota_coordination_down"')
+    return {"rate": RATE, "runs": runs, "quota_coordination_down": downs}
 
 
 def one_run(
@@ -218,6 +221,7 @@ def summarize(section: dict[str, Any]) -> dict[str, Any]:
             r["evalsha_per_request"] for r in by.get("fleet-on", []) if r["evalsha_per_request"]
         ),
         "cpu_ratio": {kind: spread(values) for kind, values in ratios.items()},
+        "quota_coordination_down": section.get("quota_coordination_down"),
     }
 
 
@@ -238,4 +242,16 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 None if found is None else found["median"] <= target,
             )
         )
+    downs = summary.get("quota_coordination_down")
+    rows.append(
+        Target(
+            "callers",
+            "`quota_coordination_down` events in fleet-on",
+            "–" if downs is None else str(downs),
+            "",
+            "",
+            "0",
+            None if downs is None else downs == 0,
+        )
+    )
     return [attrs.asdict(row) for row in rows]
