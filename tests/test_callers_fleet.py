@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
+from redis.asyncio import Redis
 
 from quoteflow.app import COORDINATOR
 from quoteflow.callers import load_callers
@@ -158,3 +159,26 @@ async def test_far_from_its_quota_a_worker_takes_a_lease_but_never_exceeds_the_q
     remaining = [int(h["RateLimit"].split("r=")[1].split(";")[0]) for _, h in answers]
     assert remaining[0] == 39
     assert remaining[-1] == 0
+
+
+async def test_concurrent_requests_of_one_caller_take_one_lease_between_them(
+    redis_server: RedisServer, start_quoteflow: StartQuoteFlow, tmp_path: Path
+) -> None:
+    """8 at once, far from the quota: one asks for a lease (32), the others for themselves."""
+    path = write_callers(tmp_path / "c.toml", {"name": "acme", "rate": "400/60s"})
+    workers = await two_workers(start_quoteflow, redis_server, path)
+    assert (await ask(workers[0]))[0] == 200  # the level is known from now on
+    assert redis_server.process is not None
+    pid = redis_server.process.pid
+    os.kill(pid, signal.SIGSTOP)  # hold the first round trip, so the others come meanwhile
+    try:
+        asking = [asyncio.create_task(ask(workers[0])) for _ in range(8)]
+        await asyncio.sleep(REDIS_TIMEOUT / 4)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    answers = await asyncio.gather(*asking)
+    assert [status for status, _ in answers] == [200] * 8
+    async with Redis.from_url(redis_server.url) as client:
+        level = await client.get("quoteflow:caller:acme")  # "<used> <at ms>"
+    assert level is not None
+    assert float(level.split()[0]) <= 1 + 32 + 7 + 0.01  # not 1 + 8 × 32

@@ -106,6 +106,8 @@ class SharedMeter:
         """Each caller's level as Redis last gave it, for answers that spend nothing."""
         self._leases: dict[str, Lease] = {}
         """Requests Redis granted this worker ahead of time, by caller."""
+        self._asking: dict[str, int] = {}
+        """Round trips in flight, by caller: while one is, the others ask for one request."""
         self.fallback = LocalMeter()
         """This worker's share of each rate while Redis is out of reach."""
         self.down = False
@@ -128,7 +130,11 @@ class SharedMeter:
             del self._leases[name]
         if now < self._retry_redis_at or not self._coordinated():
             return self._spend_locally(name, rate, now)
-        want = self._lease_size(name, rate, now)
+        asking = self._asking.get(name, 0)
+        # Concurrent requests of one caller must not each take a lease sized
+        # for one worker: only the first asks for more than itself.
+        want = 1 if asking else self._lease_size(name, rate, now)
+        self._asking[name] = asking + 1
         try:
             async with asyncio.timeout(self._timeout):
                 reply = await self._script(
@@ -140,6 +146,12 @@ class SharedMeter:
             self.calls["failed"] += 1
             self._lost(f"{type(exc).__name__}: {exc}".strip())
             return self._spend_locally(name, rate, time.monotonic())
+        finally:
+            left = self._asking[name] - 1
+            if left:
+                self._asking[name] = left
+            else:
+                del self._asking[name]
         self.calls["ok"] += 1
         if self.fallback.buckets:
             self.fallback.buckets.clear()  # the fleet's level counts again, not our share
