@@ -18,7 +18,7 @@ from quoteflow.callers import load_callers
 from quoteflow.handlers import GATE
 from tests.callers_files import bearer, write_callers
 from tests.conftest import StartQuoteFlow
-from tests.fakes import FakeSuppliers
+from tests.fakes import FakeSuppliers, delay
 from tests.redis_server import RedisServer
 from tests.test_fleet import REDIS_TIMEOUT, wait_until
 
@@ -182,3 +182,29 @@ async def test_concurrent_requests_of_one_caller_take_one_lease_between_them(
         level = await client.get("quoteflow:caller:acme")  # "<used> <at ms>"
     assert level is not None
     assert float(level.split()[0]) <= 1 + 32 + 7 + 0.01  # not 1 + 8 × 32
+
+
+async def test_the_budget_pays_for_a_round_trip_to_a_frozen_redis(
+    redis_server: RedisServer,
+    start_quoteflow: StartQuoteFlow,
+    suppliers: FakeSuppliers,
+    tmp_path: Path,
+) -> None:
+    """A quota check that waits out ``redis_timeout`` shortens the fan-out: still within budget."""
+    suppliers.always("boreal", delay(5))  # only the deadline ends the request
+    path = write_callers(tmp_path / "c.toml", {"name": "acme", "rate": "8/60s"})
+    budget = 0.5
+    workers = await two_workers(start_quoteflow, redis_server, path, budget=budget)
+    assert redis_server.process is not None
+    pid = redis_server.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        response = await workers[0].post("/api/quotes?explain=1", json={}, headers=bearer("acme"))
+        body = await response.json()
+        elapsed = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert response.status == 200
+    assert {"supplier": "boreal", "code": "timeout"} in body["failures"]
+    assert REDIS_TIMEOUT <= elapsed <= budget + 0.1  # not budget + redis_timeout
