@@ -15,7 +15,10 @@ constant time with every key (``model.py``); nothing else it sends counts.
 **The rate** (``meter.py``): GCRA with a burst of the whole quota, kept as a
 leaky bucket's level in requests. One number per caller, changed only when a
 request is admitted; a caller idle for a window may send its quota at once,
-then one request per ``window / quota``. A reload that changes a rate keeps
+then one request per ``window / quota``. Why GCRA rather than a token bucket
+with a refill timer: the same limit, but one value per caller and no timer,
+which is what makes it one small Lua script in Redis that writes only when it
+admits. A reload that changes a rate keeps
 what the caller has used; it drains at the new rate from then on.
 
 **Seats** (``gate.py``): at most ``seats`` of a process's inbound seats held by
