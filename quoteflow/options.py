@@ -88,8 +88,8 @@ _OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
 _FLAGS = {"max_supplier_body_bytes": "--max-supplier-body", "api_keys": "--api-keys-file"}
 """Flags whose name is not the setting's own."""
 
-_ENVS = {"callers": "QUOTEFLOW_CALLERS_FILE"}
-"""Variables whose name is not their flag's: like ``QUOTEFLOW_API_KEYS_FILE``, it names a file."""
+_ENV = {"callers": ENV_PREFIX + "CALLERS_FILE"}
+"""Environment variables whose name is not their flag's (``--callers`` names a file)."""
 
 
 def flag(name: str) -> str:
@@ -99,8 +99,8 @@ def flag(name: str) -> str:
 
 def env_name(name: str) -> str:
     """The environment variable of the setting ``name``: its flag, upper-cased."""
-    if name in _ENVS:
-        return _ENVS[name]
+    if name in _ENV:
+        return _ENV[name]
     return ENV_PREFIX + flag(name).removeprefix("--").upper().replace("-", "_")
 
 
