@@ -105,8 +105,7 @@ async def test_two_workers_admit_exactly_one_quota(
 async def test_the_masters_hup_serves_the_new_file_and_the_fleet_keeps_what_was_used(
     callers_fleet: Gunicorn, callers_file: Path, session: aiohttp.ClientSession
 ) -> None:
-    """gunicorn's HUP: new workers read the file; a new key works, a removed one is 401,
-    and acme's lowered rate counts what it used before (its level is in Redis)."""
+    """gunicorn's HUP: a new key works, a removed one is 401, acme's new rate counts its use."""
     url = callers_fleet.url
 
     async def ask(name: str) -> int:
