@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from quoteflow import handlers, logs
 from quoteflow.breaker import Breakers
 from quoteflow.config import SUPPLIERS, Settings
+from quoteflow.connections import ConnectionLimits, GuardedRunner
 from quoteflow.fleet import Coordinator
 from quoteflow.hostmetrics import HostTelemetry
 from quoteflow.logs import log_event
@@ -149,7 +150,36 @@ async def gunicorn_app() -> web.AppRunner:
     return DrainingRunner(create_app(settings, host_metrics=host_metrics))
 
 
-class DrainingRunner(web.AppRunner):
+class ServingRunner(GuardedRunner):
+    """The runner QuoteFlow serves with, under ``python -m quoteflow`` and gunicorn alike.
+
+    Its connections keep to the header timeout, the idle timeout and the
+    connection cap (``connections.py``), counted in ``/metrics``.
+    """
+
+    def __init__(self, app: web.Application) -> None:
+        settings = app[SETTINGS]
+        super().__init__(
+            app,
+            limits=ConnectionLimits.of(settings),
+            access_log=None,
+            # A caller that hangs up stops paying: its fan-out is cancelled at once.
+            handler_cancellation=True,
+            shutdown_timeout=settings.budget + 1.0,
+        )
+
+    async def setup(self) -> None:
+        """Start the app, then show its connections in ``/metrics``."""
+        await super().setup()
+        server, gate = self.guarded, self.gate
+        self.app[handlers.TELEMETRY].watch_connections(
+            open_now=lambda: server.open,
+            closed=lambda: server.closed,
+            pauses=lambda: gate.pauses,
+        )
+
+
+class DrainingRunner(ServingRunner):
     """The runner of a gunicorn worker: it stops the way ``python -m quoteflow`` does.
 
     gunicorn's aiohttp worker stops its runner with ``cleanup()`` once it has
@@ -158,16 +188,6 @@ class DrainingRunner(web.AppRunner):
     while everything else still serves; then aiohttp closes the listener and
     lets in-flight requests finish, each within its budget.
     """
-
-    def __init__(self, app: web.Application) -> None:
-        settings = app[SETTINGS]
-        super().__init__(
-            app,
-            access_log=None,
-            # A caller that hangs up stops paying: its fan-out is cancelled at once.
-            handler_cancellation=True,
-            shutdown_timeout=settings.budget + 1.0,
-        )
 
     async def cleanup(self) -> None:
         """Drain, then stop as aiohttp does."""

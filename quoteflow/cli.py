@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from quoteflow import logs
-from quoteflow.app import begin_draining, create_app
+from quoteflow.app import ServingRunner, begin_draining, create_app
 from quoteflow.config import Settings
 from quoteflow.logs import log_event
 from quoteflow.options import ConfigError, loggable, parse_settings
@@ -69,13 +69,7 @@ async def _run(settings: Settings) -> None:
     3. The ``ClientSession`` closes. The process exits 0.
     """
     app = create_app(settings)
-    runner = web.AppRunner(
-        app,
-        access_log=None,
-        # A caller that hangs up stops paying: its fan-out is cancelled at once.
-        handler_cancellation=True,
-        shutdown_timeout=settings.budget + 1.0,
-    )
+    runner = ServingRunner(app)
     await runner.setup()
     try:
         await web.TCPSite(runner, settings.host, settings.port).start()
