@@ -75,7 +75,7 @@ class Abuser:
             await asyncio.sleep(self.reconnect_after)
 
     async def dribble(self, every: float) -> None:
-        """One connection sending a head a line at a time; opened again when the server closes it."""
+        """One connection sending a head a line at a time, reopened once the server closes it."""
         while not self.stop.is_set():
             try:
                 reader, writer = await self._open()
@@ -93,9 +93,14 @@ class Abuser:
                     break
                 line = b"X-Dribble: one more line\r\n"
                 await asyncio.wait((answer,), timeout=every)
-            if answer.done() and not answer.cancelled() and answer.exception() is None:
-                if answer.result().startswith(b"HTTP/1.1 408 "):
-                    self.counts["heads_refused_408"] += 1
+            refused = (
+                answer.done()
+                and not answer.cancelled()
+                and answer.exception() is None
+                and answer.result().startswith(b"HTTP/1.1 408 ")
+            )
+            if refused:
+                self.counts["heads_refused_408"] += 1
             answer.cancel()
             writer.close()
 
