@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shlex
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import aiohttp
 from aiohttp import web
@@ -26,7 +27,13 @@ from quoteflow.fleet import Coordinator
 from quoteflow.hostmetrics import HostTelemetry
 from quoteflow.logs import log_event
 from quoteflow.observe import Telemetry
-from quoteflow.options import ConfigError, loggable, metrics_dir, settings_from_environ
+from quoteflow.options import (
+    GUNICORN_MASTER_ENV,
+    ConfigError,
+    loggable,
+    metrics_dir,
+    settings_from_environ,
+)
 from quoteflow.retry import RetryBudget, RetryLimiter
 from quoteflow.service import QuoteService, SupplierGateway
 from quoteflow.slots import OutboundLimiter, OutboundSlots
@@ -128,14 +135,21 @@ async def gunicorn_app() -> web.AppRunner:
     event loop (the worker class). A bad value prints QuoteFlow's one-line
     error and exits with gunicorn's boot-error code, so the master stops
     with "Worker failed to boot." instead of starting workers that would fail
-    the same way. With ``PROMETHEUS_MULTIPROC_DIR`` set, ``/metrics`` reports
-    the whole host.
+    the same way. ``/metrics`` reports the whole host, which needs the
+    master to run ``gunicorn_conf`` (it prepares the shared metrics
+    directory): a worker whose master did not refuses to boot the same way,
+    its one line giving the command with the config added.
     """
     try:
         settings = settings_from_environ(os.environ)
     except ConfigError as exc:
         print(f"quoteflow: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(WORKER_BOOT_ERROR) from None
+    if os.environ.get(GUNICORN_MASTER_ENV) != str(os.getppid()):
+        # Without gunicorn_conf nobody prepares the shared metrics files, and
+        # each worker's /metrics would silently be its own share of the host.
+        print(f"quoteflow: error: {_without_config()}", file=sys.stderr, flush=True)
+        raise SystemExit(WORKER_BOOT_ERROR)
     logs.configure(settings.log_level, settings.log_format, process_ids=True)
     host_metrics = metrics_dir(os.environ) is not None
     fields = loggable(settings)
@@ -148,6 +162,27 @@ async def gunicorn_app() -> web.AppRunner:
         {**fields, "worker_pid": os.getpid(), "host_metrics": host_metrics},
     )
     return DrainingRunner(create_app(settings, host_metrics=host_metrics))
+
+
+def _without_config(argv: Sequence[str] = sys.argv) -> str:
+    """Why a worker of a gunicorn started without ``gunicorn_conf`` refuses, and the command to run.
+
+    A worker is a fork of its master: ``argv`` is the master's command line,
+    given back with QuoteFlow's config in place of any other.
+    """
+    program = [sys.executable, "-m", "gunicorn"] if argv[0].endswith("__main__.py") else argv[:1]
+    rest: list[str] = []
+    args = iter(argv[1:])
+    for arg in args:
+        if arg in ("-c", "--config"):
+            next(args, None)
+        elif not arg.startswith(("--config=", "-c")):
+            rest.append(arg)
+    command = [*program, "-c", "python:quoteflow.gunicorn_conf", *rest]
+    return (
+        "under gunicorn, /metrics adds up every worker only with QuoteFlow's gunicorn config;"
+        f" start it with: {shlex.join(command)}"
+    )
 
 
 class ServingRunner(GuardedRunner):

@@ -174,6 +174,10 @@ def settings_from_environ(environ: Mapping[str, str]) -> Settings:
     return parse_settings([], environ)
 
 
+GUNICORN_MASTER_ENV = "QUOTEFLOW_GUNICORN_MASTER"
+"""Set by ``gunicorn_conf`` in gunicorn's master to its process id: its workers then know that
+the master prepares host-wide metrics (not a setting: no flag, never set by hand)."""
+
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 """prometheus-client's own variable: set, a process writes its metrics to files in it."""
 
