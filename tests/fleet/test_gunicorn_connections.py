@@ -16,7 +16,14 @@ import pytest
 
 from tests.fleet.procs import Gunicorn, Lab, gunicorn_argv, quoteflow_env, start_gunicorn
 from tests.process import free_port
-from tests.test_connections import HEALTH_REQUEST, answer, closed_after, metric, open_fds
+from tests.test_connections import (
+    HEALTH_REQUEST,
+    SLOW_BODY_HEAD,
+    answer,
+    closed_after,
+    metric,
+    open_fds,
+)
 
 PLACES = 16
 """``QUOTEFLOW_MAX_CONNECTIONS`` of the fleet below: per worker."""
@@ -82,6 +89,46 @@ async def test_gunicorn_workers_keep_to_their_places(limited: Gunicorn) -> None:
     assert metric(text, 'quoteflow_connections_closed_total{reason="room"}') >= 200 - 2 * PLACES
     for _, idle in held:
         idle.close()
+
+
+async def test_a_gunicorn_worker_with_every_place_busy_stops_accepting(
+    tmp_path: Path, lab_process: Lab
+) -> None:
+    """On gunicorn's listening socket too: the next connection waits until an answer goes out."""
+    single = start_gunicorn(
+        tmp_path,
+        {
+            "QUOTEFLOW_PROVIDER_URL": lab_process.url,
+            "QUOTEFLOW_LOG_LEVEL": "warning",
+            "QUOTEFLOW_MAX_CONNECTIONS": "2",
+            "QUOTEFLOW_BODY_TIMEOUT": "0.8",
+        },
+        workers=1,
+    )
+    try:
+        port = int(single.url.rsplit(":", 1)[1])
+        held = []
+        for _ in range(3):  # the third finds both places busy: it stays, accepting stops
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(SLOW_BODY_HEAD)
+            held.append((reader, writer))
+            await asyncio.sleep(0.05)
+        started = time.monotonic()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)  # the kernel's backlog
+        writer.write(HEALTH_REQUEST)
+        assert (await asyncio.wait_for(answer(reader), 3.0))[0] == 200
+        assert time.monotonic() - started >= 0.5
+        for busy_reader, busy_writer in held:
+            assert (await answer(busy_reader))[0] == 408  # answered, never cut
+            busy_writer.close()
+        writer.close()
+        async with (
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session,
+            session.get(single.url + "/metrics") as response,
+        ):
+            assert metric(await response.text(), "quoteflow_accept_pauses_total") == 1
+    finally:
+        assert single.stop() == 0, f"gunicorn failed; log in {single.log_path}"
 
 
 def test_without_gunicorn_conf_no_worker_boots(tmp_path: Path) -> None:
