@@ -138,7 +138,7 @@ class GuardedServer(web.Server):
         self.gate = gate
         gate.full = self.full
         self.open = 0
-        self.closed: Counter[str] = Counter()
+        self.closed: Counter[str] = Counter({ROOM: 0, HEAD_TIMEOUT: 0})
         """Connections QuoteFlow closed, by reason (``ROOM``, ``HEAD_TIMEOUT``)."""
         self._idle: OrderedDict[GuardedHandler, None] = OrderedDict()
 
@@ -188,7 +188,7 @@ class GuardedServer(web.Server):
     def busy(self, handler: GuardedHandler) -> None:
         """A whole request head arrived on ``handler``: never closed to make room until answered."""
         handler.between_requests = False
-        del self._idle[handler]
+        self._idle.pop(handler, None)
         if handler.head_timer is not None:
             handler.head_timer.cancel()
             handler.head_timer = None
@@ -229,13 +229,24 @@ class GuardedHandler(RequestHandler):
         if self._request_count != heads:
             self._guard.busy(self)
         elif data and self.head_timer is None and not self._force_close:
-            self.head_timer = self._loop.call_later(self._guard.header_timeout, self._head_late)
+            self._head_began()
 
-    def log_access(self, request: web.BaseRequest, response: web.StreamResponse, time: Any) -> None:
+    def _head_began(self) -> None:
+        timeout = self._guard.header_timeout
+        self.head_timer = self._loop.call_later(timeout, self._head_late)
+        # From a head's first byte the header timeout is the limit, not the
+        # idle timeout: aiohttp's keep-alive check (which would close the
+        # connection without a word) re-arms itself for this later time.
+        later = self._loop.time() + 2 * timeout
+        self._next_keepalive_close_time = max(self._next_keepalive_close_time, later)
+
+    def log_access(
+        self, request: web.BaseRequest, response: web.StreamResponse, time: float | None
+    ) -> None:
         """aiohttp calls this once per request, once its answer is out: the connection is idle."""
         super().log_access(request, response, time)
         # A request already parsed behind this one (pipelining) keeps it busy.
-        if not self._messages and self._guard is not None and self.transport is not None:
+        if not self._messages and self.transport is not None:
             self._guard.idle(self)
 
     def connection_lost(self, exc: BaseException | None) -> None:

@@ -199,6 +199,22 @@ async def test_a_dribbled_head_gets_408_at_the_header_timeout(suppliers: FakeSup
         assert metric(text, 'quoteflow_connections_closed_total{reason="header_timeout"}') == 1
 
 
+async def test_a_head_begun_late_in_the_idle_time_still_gets_its_408(
+    suppliers: FakeSuppliers,
+) -> None:
+    """Once a head began, the header timeout rules: no silent close at the idle timeout."""
+    async with serving(suppliers, header_timeout=0.6, idle_timeout=0.8) as runner:
+        reader, writer = await connect(port_of(runner))
+        await asyncio.sleep(0.5)
+        writer.write(b"GET /health HTTP/1.1\r\n")  # idle timeout in 0.3 s, header in 0.6 s
+        started = time.monotonic()
+        status, _, body = await asyncio.wait_for(answer(reader), 0.6 + 1.0)
+        assert status == 408
+        assert json.loads(body)["error"] == "header_timeout"
+        assert time.monotonic() - started >= 0.55
+        writer.close()
+
+
 async def test_the_header_timeout_counts_again_on_each_keep_alive_request(
     suppliers: FakeSuppliers,
 ) -> None:
