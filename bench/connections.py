@@ -17,8 +17,8 @@ again at once. Three contenders, in blocks of C H H C R R C:
   place of the longest-idle one.
 
 For each run: wrk's answered requests a second (goodput, 200s only),
-QuoteFlow's open file descriptors sampled from ``/proc`` every 50 ms, and the
-CPU QuoteFlow and the attacker used. Target: held ÷ clean goodput ≥ 0.9 (the
+QuoteFlow's CPU per answer, its open file descriptors sampled from ``/proc``
+every 50 ms, and the cores QuoteFlow and the attacker used. Target: held ÷ clean goodput ≥ 0.9 (the
 neighbouring clean runs of each block); reopening ÷ clean is reported beside
 it, with the attacker's own CPU, which on a small machine competes with
 QuoteFlow for the same cores.
@@ -31,6 +31,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -132,6 +133,7 @@ def run_abuse(bench: Bench) -> dict[str, Any]:
                     out_dir=bench.raw_dir,
                     tag=f"abuse-{index}-{contender}",
                 )
+            used = quoteflow.cpu() - cpu0
             elapsed = max(run.duration_s, 1e-9)
             attacker_cpu = cpu_seconds(attacker.process.pid) - attacker_cpu0 if attacker else 0.0
             record = {
@@ -141,7 +143,10 @@ def run_abuse(bench: Bench) -> dict[str, Any]:
                 "statuses": {str(k): v for k, v in sorted(run.statuses.items())},
                 "fds_max": max(fds.samples, default=None),
                 "fds_median": sorted(fds.samples)[len(fds.samples) // 2] if fds.samples else None,
-                "quoteflow_cores": (quoteflow.cpu() - cpu0) / elapsed,
+                "quoteflow_cores": used / elapsed,
+                "cpu_ms_per_200": (
+                    1000 * used / run.statuses[200] if run.statuses.get(200) else None
+                ),
                 "attacker_cores": attacker_cpu / elapsed,
             }
             print(progress_line(record), flush=True)
@@ -170,13 +175,17 @@ def summarize(section: dict[str, Any]) -> dict[str, Any]:
     for run in runs:
         by[run["contender"]].append(run)
     ratios: dict[str, list[float | None]] = {HELD: [], REOPENING: []}
+    cpu_ratios: dict[str, list[float | None]] = {HELD: [], REOPENING: []}
     for first in range(len(runs) - 3):  # C A A C: the clean runs around each abused pair
         block = runs[first : first + 4]
         kinds = {r["contender"] for r in block[1:3]}
         if block[0]["contender"] == block[3]["contender"] == CLEAN and len(kinds) == 1:
             kind = kinds.pop()
-            clean = block[0]["rate_200"] + block[3]["rate_200"]
-            ratios[kind].append(ratio(block[1]["rate_200"] + block[2]["rate_200"], clean))
+            clean, abused = (block[0], block[3]), block[1:3]
+            ratios[kind].append(ratio(_sum(abused, "rate_200"), _sum(clean, "rate_200")))
+            cpu_ratios[kind].append(
+                ratio(_sum(abused, "cpu_ms_per_200"), _sum(clean, "cpu_ms_per_200"))
+            )
 
     def each(key: str) -> dict[str, Any]:
         return {c: spread(r[key] for r in by[c]) for c in by}
@@ -186,10 +195,17 @@ def summarize(section: dict[str, Any]) -> dict[str, Any]:
         "fds_max": each("fds_max"),
         "quoteflow_cores": each("quoteflow_cores"),
         "attacker_cores": each("attacker_cores"),
+        "cpu_ms_per_200": each("cpu_ms_per_200"),
         "goodput_ratio": {kind: spread(values) for kind, values in ratios.items()},
+        "cpu_ratio": {kind: spread(values) for kind, values in cpu_ratios.items()},
         "attacker": section["attacker"],
         "still_answers": section["still_answers"],
     }
+
+
+def _sum(runs: Sequence[dict[str, Any]], key: str) -> float | None:
+    values = [run[key] for run in runs]
+    return None if None in values else sum(values)
 
 
 def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
@@ -215,6 +231,24 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
             _fmt(rate[REOPENING]),
             _fmt(rate[CLEAN]),
             _fmt(reopening, 2),
+            "",
+            None,
+        ),
+        Target(
+            "abuse",
+            "QuoteFlow's CPU per 200 (ms): held | none",
+            _fmt(summary["cpu_ms_per_200"][HELD], 3),
+            _fmt(summary["cpu_ms_per_200"][CLEAN], 3),
+            _fmt(summary["cpu_ratio"][HELD], 2),
+            "",
+            None,
+        ),
+        Target(
+            "abuse",
+            "QuoteFlow's CPU per 200 (ms): reopening | none",
+            _fmt(summary["cpu_ms_per_200"][REOPENING], 3),
+            _fmt(summary["cpu_ms_per_200"][CLEAN], 3),
+            _fmt(summary["cpu_ratio"][REOPENING], 2),
             "",
             None,
         ),
