@@ -18,10 +18,11 @@ again at once. Three contenders, in blocks of C H H C R R C:
 
 For each run: wrk's answered requests a second (goodput, 200s only),
 QuoteFlow's CPU per answer, its open file descriptors sampled from ``/proc``
-every 50 ms, and the cores QuoteFlow and the attacker used. Target: held ÷ clean goodput ≥ 0.9 (the
-neighbouring clean runs of each block); reopening ÷ clean is reported beside
-it, with the attacker's own CPU, which on a small machine competes with
-QuoteFlow for the same cores.
+every 50 ms, and the cores QuoteFlow and the attacker used. Target: held ÷
+clean goodput ≥ 0.9 (against the clean runs around each pair); reopening ÷
+clean is reported beside it, with the attacker's own CPU, which on a small
+machine competes with QuoteFlow for the same cores. On a shared machine the
+goodput ratio carries the neighbours' noise; CPU per answer does much less.
 """
 
 from __future__ import annotations
