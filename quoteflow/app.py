@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from quoteflow import handlers, logs
 from quoteflow.breaker import Breakers
 from quoteflow.config import SUPPLIERS, Settings
-from quoteflow.connections import ConnectionLimits, GuardedRunner
+from quoteflow.connections import ConnectionLimits, GuardedRunner, reserve_descriptors
 from quoteflow.fleet import Coordinator
 from quoteflow.hostmetrics import HostTelemetry
 from quoteflow.logs import log_event
@@ -142,6 +142,7 @@ async def gunicorn_app() -> web.AppRunner:
     """
     try:
         settings = settings_from_environ(os.environ)
+        reserve_descriptors(ConnectionLimits.of(settings), settings.outbound_limit)
     except ConfigError as exc:
         print(f"quoteflow: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(WORKER_BOOT_ERROR) from None

@@ -15,6 +15,7 @@ from aiohttp import web
 from quoteflow import logs
 from quoteflow.app import ServingRunner, begin_draining, create_app
 from quoteflow.config import Settings
+from quoteflow.connections import ConnectionLimits, reserve_descriptors
 from quoteflow.logs import log_event
 from quoteflow.options import ConfigError, loggable, parse_settings
 from quoteflow.reload import reload_all
@@ -28,6 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run QuoteFlow until interrupted; a bad setting exits 2 with one line."""
     try:
         settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
+        reserve_descriptors(ConnectionLimits.of(settings), settings.outbound_limit)
     except ConfigError as exc:
         print(f"quoteflow: error: {exc}", file=sys.stderr)
         return 2

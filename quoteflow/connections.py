@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import socket
 import time
 from collections import Counter, OrderedDict
@@ -49,6 +50,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from quoteflow.config import Settings
 from quoteflow.logs import log_event
+from quoteflow.options import ConfigError
 
 log = logging.getLogger("quoteflow")
 
@@ -66,6 +68,30 @@ HEAD_TIMEOUT_ANSWER = (
     b"\r\n" + _HEAD_TIMEOUT_BODY
 )
 """What a connection whose head began but did not finish in time gets before it is closed."""
+
+
+OTHER_DESCRIPTORS = 64
+"""Descriptors a process needs besides its inbound and supplier connections: the
+listener, the loop, standard streams, log and metrics files, a few spare."""
+
+
+def reserve_descriptors(limits: ConnectionLimits, outbound_limit: int) -> None:
+    """Make sure this process may open every connection the limits allow, or refuse to start.
+
+    A cap above what the process may open would never act: the accept would
+    fail first. Like Go's runtime, raise the soft ``RLIMIT_NOFILE`` up to what
+    is needed when the hard limit allows it (1,024 is a common soft default).
+    """
+    needed = limits.max_connections + outbound_limit + OTHER_DESCRIPTORS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise ConfigError(
+            f"max_connections {limits.max_connections} needs {needed} file descriptors"
+            f" and this process may open {hard} (ulimit -Hn): lower it or raise that limit"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
 @attrs.frozen(kw_only=True)
@@ -259,12 +285,11 @@ class GuardedHandler(RequestHandler):
 
     def end(self) -> None:
         """Close now; a head that began gets its 408 first."""
-        began = self.head_timer is not None
-        if self.head_timer is not None:
-            self.head_timer.cancel()
-            self.head_timer = None
-        if began and self.transport is not None:
-            self.transport.write(HEAD_TIMEOUT_ANSWER)
+        timer, self.head_timer = self.head_timer, None
+        if timer is not None:
+            timer.cancel()
+            if self.transport is not None:
+                self.transport.write(HEAD_TIMEOUT_ANSWER)
         self.force_close()
 
     def _head_late(self) -> None:
@@ -337,12 +362,15 @@ class AcceptGate:
         assert server is not None
         try:
             while self._held:
-                held, tls, backlog = self._held.pop()
+                held, tls, backlog = self._held[-1]
                 try:
                     opened = await loop.create_server(server, sock=held, ssl=tls, backlog=backlog)
-                except BaseException:
-                    held.close()
-                    raise
+                except OSError as exc:
+                    # Still paused, the socket still held: the next answer or
+                    # closed connection tries again.
+                    log_event(log, logging.ERROR, "accepting_not_resumed", {"error": str(exc)})
+                    return
+                self._held.pop()
                 assert self._servers is not None
                 self._servers.append((opened, tls, backlog))
         finally:

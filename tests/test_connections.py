@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
+import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -21,7 +24,7 @@ from quoteflow.config import Settings
 from quoteflow.options import ConfigError, parse_settings
 from tests.conftest import TEST_CONNECT_TIMEOUT
 from tests.fakes import FakeSuppliers, delay, quote
-from tests.process import quoteflow_process
+from tests.process import free_port, quoteflow_process
 
 QUOTE_REQUEST = (
     b"POST /api/quotes HTTP/1.1\r\nHost: quoteflow\r\nContent-Type: application/json\r\n"
@@ -147,6 +150,50 @@ def test_limits_come_from_the_environment_too(capsys: pytest.CaptureFixture[str]
         del os.environ["QUOTEFLOW_MAX_CONNECTIONS"]
     err = capsys.readouterr().err
     assert err == "quoteflow: error: 'max_connections' must be >= 1: -5\n"
+
+
+def _file_limit(soft: int, hard: int) -> Callable[[], None]:
+    def limit() -> None:  # in the child, before it runs QuoteFlow
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    return limit
+
+
+def test_a_cap_the_file_limit_cannot_hold_is_refused() -> None:
+    """More connections than the process may ever open: one line and exit 2, not a cap that
+    never acts."""
+    done = subprocess.run(
+        [sys.executable, "-m", "quoteflow", "--port", "0", "--max-connections", "5000"],
+        preexec_fn=_file_limit(1024, 2048),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr == (
+        "quoteflow: error: max_connections 5000 needs 5070 file descriptors and this process"
+        " may open 2048 (ulimit -Hn): lower it or raise that limit\n"
+    )
+
+
+def test_a_low_soft_file_limit_is_raised_for_the_cap() -> None:
+    """With the common soft limit of 1,024 descriptors, the default cap still fits: it is raised."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "quoteflow", "--port", str(free_port()), "--log-level", "error"],
+        preexec_fn=_file_limit(1024, 4096),
+    )
+    try:
+        wanted = "Max open files            1094                 4096"
+        for _ in range(500):
+            limits = Path(f"/proc/{process.pid}/limits").read_text()
+            if wanted in limits:
+                break
+            time.sleep(0.01)
+        assert wanted in limits  # 1,024 connections, 6 to the suppliers, 64 others
+    finally:
+        process.kill()
+        process.wait()
 
 
 # -- timeouts ----------------------------------------------------------------------
