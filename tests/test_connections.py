@@ -122,7 +122,9 @@ def test_senseless_limits_are_refused(argv: list[str], problem: str) -> None:
     assert problem in str(caught.value)
 
 
-def test_limits_come_from_the_environment_too(capsys: pytest.CaptureFixture[str]) -> None:
+def test_limits_come_from_the_environment_too(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each limit has its variable; a bad one stops start-up with one line and exit 2."""
     settings = parse_settings(
         [],
@@ -143,11 +145,8 @@ def test_limits_come_from_the_environment_too(capsys: pytest.CaptureFixture[str]
         15.0,
         1024,
     )
-    os.environ["QUOTEFLOW_MAX_CONNECTIONS"] = "-5"
-    try:
-        assert main([]) == 2
-    finally:
-        del os.environ["QUOTEFLOW_MAX_CONNECTIONS"]
+    monkeypatch.setenv("QUOTEFLOW_MAX_CONNECTIONS", "-5")
+    assert main([]) == 2
     err = capsys.readouterr().err
     assert err == "quoteflow: error: 'max_connections' must be >= 1: -5\n"
 
@@ -160,8 +159,7 @@ def _file_limit(soft: int, hard: int) -> Callable[[], None]:
 
 
 def test_a_cap_the_file_limit_cannot_hold_is_refused() -> None:
-    """More connections than the process may ever open: one line and exit 2, not a cap that
-    never acts."""
+    """A cap above what the process may ever open is refused in one line: it would never act."""
     done = subprocess.run(
         [sys.executable, "-m", "quoteflow", "--port", "0", "--max-connections", "5000"],
         preexec_fn=_file_limit(1024, 2048),
