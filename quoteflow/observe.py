@@ -414,6 +414,33 @@ class Telemetry:
             ),
         )
 
+    def watch_connections(
+        self,
+        open_now: Callable[[], float],
+        closed: Callable[[], Mapping[str, int]],
+        pauses: Callable[[], float],
+    ) -> None:
+        """The inbound connections (``connections.py``), read at scrape time."""
+        gauge = PlainGauge(
+            "quoteflow_connections_open", "Inbound connections open now.", host_mode="livesum"
+        )
+        gauge.readers[()] = open_now
+        self.add(
+            gauge,
+            ReadCounter(
+                "quoteflow_connections_closed",
+                "Inbound connections QuoteFlow closed: to make room at the cap, or a slow head.",
+                ("reason",),
+                lambda: {(reason,): float(count) for reason, count in closed().items()},
+            ),
+            ReadCounter(
+                "quoteflow_accept_pauses",
+                "Times accepting stopped because every connection had a request in progress.",
+                (),
+                lambda: {(): pauses()},
+            ),
+        )
+
     def served(self, report: QuoteReport) -> None:
         """A request was answered with a result: count it and log its bill.
 

@@ -17,6 +17,7 @@ LAYERS = [
     "cli",
     "gunicorn_conf",
     "app",
+    "connections",
     "reload",
     "options",
     "handlers",
