@@ -469,30 +469,31 @@ async def test_redis_frozen_then_stopped_under_load_keeps_the_limit(
     assert process is not None
     pid = process.pid
     with down_events(caplog) as named:
-        async with workers(redis_server) as (first, second):
+        async with workers(redis_server, budget=0.3) as (first, second):
             load = [
-                asyncio.create_task(meter.keep_busy(worker, 4.5, hold=0.01))
+                asyncio.create_task(meter.keep_busy(worker, 4.2, hold=0.01))
                 for worker in (first, second)
                 for _ in range(8)
             ]
             try:
-                await asyncio.sleep(0.4)
+                await asyncio.sleep(0.3)
                 os.kill(pid, signal.SIGSTOP)
                 try:
                     await wait_until(lambda: not first.up and not second.up, within=1.0)
-                    await asyncio.sleep(LEASE_TRUST)  # within their leases until then
+                    # Within their own leases until those may be over elsewhere.
+                    await asyncio.sleep(LEASE_TRUST + 0.3)
                     done_before = sum(meter.done.values())
-                    await asyncio.sleep(0.5)
-                    frozen = (sum(meter.done.values()) - done_before) / 0.5
+                    await asyncio.sleep(0.4)
+                    frozen = (sum(meter.done.values()) - done_before) / 0.4
                 finally:
                     os.kill(pid, signal.SIGCONT)
                 resumed = time.monotonic()
                 await wait_until(lambda: first.up and second.up, within=2.5)
                 assert time.monotonic() - resumed <= 2.0
-                await asyncio.sleep(0.4)
+                await asyncio.sleep(0.3)
                 await asyncio.to_thread(redis_server.stop)
                 await wait_until(lambda: not first.up and not second.up, within=1.0)
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0.4)
                 await asyncio.to_thread(redis_server.start)
                 started = time.monotonic()
                 await wait_until(lambda: first.up and second.up, within=2.5)
