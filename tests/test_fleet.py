@@ -616,6 +616,23 @@ async def test_the_retry_budget_is_one_bucket_for_the_fleet(redis_server: RedisS
         assert 28 <= spent <= 30
 
 
+async def test_on_their_own_two_workers_spend_one_retry_bucket_between_them(
+    redis_server: RedisServer,
+) -> None:
+    """Redis gone: each worker keeps half of boreal's bucket of 20 retries, not a whole one."""
+    async with workers(redis_server) as (first, second):
+        # The first to join saw itself alone; its heartbeat tells it of the other.
+        await wait_until(lambda: first.slots.workers == second.slots.workers == 2, within=1.0)
+        await asyncio.to_thread(redis_server.stop)
+        await wait_until(lambda: not first.up and not second.up, within=1.5)
+        spent = [
+            sum(worker.budgets["boreal"].try_spend() for _ in range(30))
+            for worker in (first, second)
+        ]
+        assert spent == [10, 10]
+        await asyncio.to_thread(redis_server.start)  # the fixture's goodbye finds it back
+
+
 async def test_a_lease_not_renewed_in_time_is_not_used(
     redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:

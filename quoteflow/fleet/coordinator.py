@@ -298,7 +298,7 @@ class Coordinator:
             self._down_since = self._loop.time()
             self.slots.go_local()
             for budget in self.budgets.values():
-                budget.go_local()
+                budget.go_local(self.slots.workers)
             safe_limit, safe_shares = self.slots.safe_limits()
             log_event(
                 log,
