@@ -113,6 +113,8 @@ because our own loop was busy (a long turn serving requests), the reply may
 have come in time and wait unread in the socket, so the limit looks again
 once the loop has read it (``deadline.LoopFairTimeout``; counted as
 ``late_loop`` syncs, not failures). Fired on time with no reply, Redis is slow.
+A sync while not up may need four round trips (``FIRST_SYNC_TRIPS``) and gets
+that many time limits.
 
 **Retry budget.** One bucket per supplier in ``<p>:tokens`` (a missing field
 is a full bucket). Each worker keeps a pool withdrawn from it, as large as
@@ -140,6 +142,7 @@ from quoteflow.fleet.deadline import LoopFairTimeout
 from quoteflow.fleet.leases import FLEET, JOINING, LOCAL, FleetSlots
 from quoteflow.fleet.safe import safe_share
 from quoteflow.fleet.timing import (
+    FIRST_SYNC_TRIPS,
     HEARTBEAT,
     IDLE_SLACK,
     LATE_LOOP_MOST,
@@ -155,6 +158,7 @@ from quoteflow.fleet.timing import (
 )
 
 __all__ = [
+    "FIRST_SYNC_TRIPS",
     "FLEET",
     "HEARTBEAT",
     "IDLE_SLACK",

@@ -16,6 +16,7 @@ from quoteflow.fleet.budget import FleetRetryBudget
 from quoteflow.fleet.deadline import LoopFairTimeout
 from quoteflow.fleet.leases import LOCAL, FleetSlots
 from quoteflow.fleet.timing import (
+    FIRST_SYNC_TRIPS,
     HEARTBEAT,
     LATE_LOOP_MOST,
     LEASE_TRUST,
@@ -62,7 +63,9 @@ class Coordinator:
         self._keys = [f"{prefix}:workers", f"{prefix}:state", f"{prefix}:tokens", f"{prefix}:epoch"]
         self.channel = f"{prefix}:freed"
         self._suppliers = tuple(suppliers)
-        self._call_most = settings.redis_timeout + LATE_LOOP_MOST
+        self._first_limit = FIRST_SYNC_TRIPS * settings.redis_timeout
+        """The time limit of a sync while not up (joining, or coming back)."""
+        self._call_most = self._first_limit + LATE_LOOP_MOST
         """The longest one sync may take: its time limit, and what a busy loop may add."""
         self.slots = FleetSlots(
             settings.outbound_limit,
@@ -252,7 +255,8 @@ class Coordinator:
         sent_at = time.monotonic()
         # The time limit is Redis': a reply that came in time but was read
         # late because our loop was busy is not a Redis failure (deadline.py).
-        deadline = LoopFairTimeout(self.settings.redis_timeout, longest=self._call_most)
+        limit = self.settings.redis_timeout if self.up else self._first_limit
+        deadline = LoopFairTimeout(limit, longest=self._call_most)
         try:
             async with deadline:
                 reply = await self._script(keys=self._keys, args=args)

@@ -49,3 +49,10 @@ came in time may be waiting, unread, for a loop busy with requests.
 """
 LATE_LOOP_MOST: Final = HEARTBEAT
 """The most a busy loop may add to a Redis call's time limit, in all."""
+FIRST_SYNC_TRIPS: Final = 4
+"""Round trips a sync may need while the worker is not up, in ``redis_timeout``\\ s.
+
+A new connection, an ``EVALSHA`` answered ``NOSCRIPT`` (a restarted Redis),
+``SCRIPT LOAD`` and the ``EVALSHA`` again. Held to one round trip's limit, a
+worker booting on a loaded machine fell back before it ever joined.
+"""

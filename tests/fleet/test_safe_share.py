@@ -20,11 +20,27 @@ import aiohttp
 from provider_lab.control_client import LabControl
 from tests.fleet.conftest import BUDGET_S
 from tests.fleet.procs import Gunicorn, RedisServer
+from tests.test_observability import metric
 
 CALLERS = 32
 LATENCY_MS = 50
 PHASE_S = 1.5
 """Seconds of each measured phase: about 60 whole answers at the 40 a second 6 slots allow."""
+
+
+async def joined(session: aiohttp.ClientSession, fleet: Gunicorn, within_s: float = 10.0) -> None:
+    """Wait until every worker has joined the fleet (a replaced one may still be booting)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + within_s
+    while True:
+        async with session.get(f"{fleet.url}/metrics") as response:
+            text = await response.text()
+        # Host-wide: the lowest worker's "up", the highest worker count.
+        up, workers = (metric(text, f"quoteflow_coordination_{m}") for m in ("up", "workers"))
+        if up == 1 and workers == 2:
+            return
+        assert loop.time() < end, "the fleet's workers did not all join"
+        await asyncio.sleep(0.1)
 
 
 async def test_redis_frozen_or_stopped_the_fleet_keeps_its_limit_and_most_goodput(
@@ -35,6 +51,7 @@ async def test_redis_frozen_or_stopped_the_fleet_keeps_its_limit_and_most_goodpu
 ) -> None:
     """Lab max_active ≤ 6 throughout; 200 or admission 503 within budget; frozen ≥ 80 % goodput."""
     loop = asyncio.get_running_loop()
+    await joined(session, fleet)
     await lab.set_latency(LATENCY_MS)
     answers: list[tuple[float, float, int, dict[str, Any]]] = []
     done = asyncio.Event()
