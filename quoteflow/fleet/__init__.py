@@ -123,12 +123,14 @@ and local. Every token lives in the bucket or in one pool, and the script
 caps the bucket at the capacity less every live worker's pool, so the fleet
 together holds one bucket, not one per worker. Tokens carried by a sync whose
 answer never came are dropped, not re-sent: at worst a few retries fewer,
-never a token counted twice.
+never a token counted twice. On its own, a worker's bucket holds its safe
+share of the capacity (``FleetRetryBudget.go_local``).
 
 What is left open, on purpose: a worker cut off from Redis *alone* (the others
 still reach it) is dropped after ``TTL`` and the others may be granted what it
 still uses within its safe share; more workers than the limit send one attempt
-each (``safe.py``); a worker that stalls longer than
+each (``safe.py``), and so does a worker started while Redis is away, above the
+others' shares; a worker that stalls longer than
 ``LEASE_TRUST`` with attempts already sent (they run on) can overlap with
 slots Redis re-granted meanwhile; a worker *started* while Redis is empty
 again (not one that had joined) does not trigger ``QUIET``; and on Python 3.11
