@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import shlex
@@ -24,7 +25,7 @@ from quoteflow.breaker import Breakers
 from quoteflow.callers import Callers, CallersFile, Gate, SharedMeter
 from quoteflow.config import SUPPLIERS, Settings
 from quoteflow.connections import ConnectionLimits, GuardedRunner, reserve_descriptors
-from quoteflow.fleet import Coordinator
+from quoteflow.fleet import Coordinator, LoopFairTimeout
 from quoteflow.hostmetrics import HostTelemetry
 from quoteflow.logs import log_event
 from quoteflow.observe import Telemetry
@@ -280,7 +281,13 @@ async def _coordination(app: web.Application) -> AsyncIterator[None]:
         shared = gate.shared = SharedMeter(
             coordinator.redis,
             prefix=settings.redis_prefix,
-            timeout=settings.redis_timeout,
+            # Redis' time limit; a late loop may stretch a call by as much again,
+            # never past half the budget (the request pays for the wait).
+            deadline=functools.partial(
+                LoopFairTimeout,
+                settings.redis_timeout,
+                longest=min(2 * settings.redis_timeout, settings.budget / 2),
+            ),
             workers=lambda: coordinator.workers,
             coordinated=lambda: coordinator.up,
         )

@@ -22,10 +22,12 @@ counted in Redis up to ``lease_time`` before it is sent, so over any window
 at most 1 % of the quota more (ordinarily less than one request); requests of
 a lease unused when it lapses are lost, never reused (counted, not sent).
 
-Redis down, frozen or emptied: a call is bounded by ``redis_timeout``; past
-it, or on any Redis error, this worker keeps to its own share of each rate —
-``quota / live workers`` as the coordinator last counted them, drained as
-slowly (never unlimited) — and the request is answered, never a 5xx. It
+Redis down, frozen or emptied: a call is bounded by ``redis_timeout`` of
+Redis' time (``deadline``: the fleet's ``LoopFairTimeout``, so a reply read
+late by this worker's busy loop is not a failure); past it, or on any Redis
+error, this worker keeps to its own share of each rate — ``quota / live
+workers`` as the coordinator last counted them, drained as slowly (never
+unlimited) — and the request is answered, never a 5xx. It
 tries Redis again ``RECONNECT`` seconds later, and as soon as the coordinator
 finds Redis again (``quoteflow_coordination_up`` back to 1). A Redis that
 was emptied has forgotten every level: each caller starts with a full quota.
@@ -33,13 +35,13 @@ was emptied has forgotten every level: each caller starts with a full quota.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
 from collections.abc import Callable
 from importlib import resources
-from typing import TYPE_CHECKING, Final
+from types import TracebackType
+from typing import TYPE_CHECKING, Final, Protocol
 
 from quoteflow.callers.meter import Bucket, LocalMeter, Standing
 from quoteflow.callers.model import Rate
@@ -68,6 +70,22 @@ def lease_time(rate: Rate) -> float:
     return min(MAX_LEASE_TIME, rate.window / 100)
 
 
+class Deadline(Protocol):
+    """The time limit of one call (``fleet.LoopFairTimeout``): ``TimeoutError`` past it."""
+
+    loop_was_late: bool
+    """The limit came while this worker's loop was busy, and was put off."""
+
+    async def __aenter__(self) -> object: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
 class Lease:
     """Requests of one caller Redis has counted and granted this worker, usable until ``until``."""
 
@@ -86,7 +104,7 @@ class SharedMeter:
         redis: Redis,
         *,
         prefix: str,
-        timeout: float,
+        deadline: Callable[[], Deadline],
         workers: Callable[[], int],
         coordinated: Callable[[], bool],
     ) -> None:
@@ -94,7 +112,8 @@ class SharedMeter:
 
         self._script = redis.register_script(SCRIPT)
         self._prefix = prefix
-        self._timeout = timeout
+        self._deadline = deadline
+        """A new time limit for each call: ``--redis-timeout`` of Redis' time, not the loop's."""
         self._workers = workers
         """Live workers the coordinator last saw (this one included)."""
         self._coordinated = coordinated
@@ -112,7 +131,7 @@ class SharedMeter:
         """This worker's share of each rate while Redis is out of reach."""
         self.down = False
         self._retry_redis_at = -math.inf
-        self.calls = {"ok": 0, "failed": 0}
+        self.calls = {"ok": 0, "late_loop": 0, "failed": 0}
 
     async def spend(self, name: str, rate: Rate) -> tuple[bool, Standing]:
         """Admit one request of ``name`` for the fleet, or refuse it; where it stands after."""
@@ -135,8 +154,11 @@ class SharedMeter:
         # for one worker: only the first asks for more than itself.
         want = 1 if asking else self._lease_size(name, rate, now)
         self._asking[name] = asking + 1
+        # The time limit is Redis': a reply that came in time but was read late
+        # because this loop was busy is not a Redis failure (fleet.deadline).
+        deadline = self._deadline()
         try:
-            async with asyncio.timeout(self._timeout):
+            async with deadline:
                 reply = await self._script(
                     keys=[f"{self._prefix}:caller:{name}"],
                     args=[rate.quota, f"{rate.interval * 1000:.3f}", want],
@@ -152,7 +174,7 @@ class SharedMeter:
                 self._asking[name] = left
             else:
                 del self._asking[name]
-        self.calls["ok"] += 1
+        self.calls["late_loop" if deadline.loop_was_late else "ok"] += 1
         if self.fallback.buckets:
             self.fallback.buckets.clear()  # the fleet's level counts again, not our share
         if self.down:
