@@ -47,11 +47,6 @@ class Caller:
     seats: int | None = None
     """Requests of this caller one process serves at once; ``None``: any of its inbound seats."""
 
-    @property
-    def governed(self) -> bool:
-        """Whether this caller has a rate or seats (else it is only counted)."""
-        return self.rate is not None or self.seats is not None
-
 
 class Callers:
     """Every caller of one file (or of ``--api-keys-file``), each found by its key's digest.
