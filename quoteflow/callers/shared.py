@@ -15,12 +15,14 @@ answered request (measured: ~150 µs in the worker, ~50 µs in Redis), so far
 from its quota a caller's requests are granted a few at a time: the script
 counts them all at once and this worker admits the rest locally (``Lease``)
 for at most ``lease_time`` (a hundredth of the window, ≤ 0.5 s). A lease is
-at most a quarter of what is free divided among the live workers, so close to
-the quota (and always for a small one: 10/60s on two workers) requests are
-granted one by one, and the quota holds exactly. What a lease costs: a request
-counted in Redis up to ``lease_time`` before it is sent, so over any window
-at most 1 % of the quota more (ordinarily less than one request); requests of
-a lease unused when it lapses are lost, never reused (counted, not sent).
+at most an eighth of what is free divided among the live workers (and at most
+``MAX_LEASE``), so close to the quota (and always for a small one: 20/60s on
+two workers) requests are granted one by one, and the quota holds exactly.
+What a lease costs: a request counted in Redis up to ``lease_time`` before it
+is sent, so over any window at most 1 % of the quota more (ordinarily less
+than one request); and requests of a lease whose worker's traffic stops are
+counted but never sent — the caller may then get up to that many fewer (at
+most an eighth of what was free, divided among the workers) until they drain.
 
 Redis down, frozen or emptied: a call is bounded by ``redis_timeout`` of
 Redis' time (``deadline``: the fleet's ``LoopFairTimeout``, so a reply read
@@ -219,15 +221,15 @@ class SharedMeter:
     def _lease_size(self, name: str, rate: Rate, now: float) -> int:
         """Requests to ask Redis for at once: 1 near the quota, more only far from it.
 
-        At most a quarter of what is free, divided among the live workers, so
+        At most an eighth of what is free, divided among the live workers, so
         that what one worker holds can never starve another: a caller of
-        10/60s on two workers is always asked for one at a time, exactly.
+        20/60s on two workers is always asked for one at a time, exactly.
         """
         last = self._last.get(name)
         if last is None:
             return 1
         free = rate.quota - last.level(now, rate.interval)
-        return max(1, min(MAX_LEASE, math.floor(free / (4 * self._share()))))
+        return max(1, min(MAX_LEASE, math.floor(free / (8 * self._share()))))
 
     def _share(self) -> int:
         return max(1, self._workers())
