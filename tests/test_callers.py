@@ -301,3 +301,23 @@ def test_without_keys_a_request_passes_no_callers_layer() -> None:
     (route,) = [r for r in app.router.routes() if r.method == "POST"]
     assert route.handler is handlers.quotes
     assert handlers.GATE not in app
+
+
+async def test_our_overload_stays_503_and_spends_no_quota(
+    start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers, tmp_path: Path
+) -> None:
+    """Inbound limit full: 503 capacity_exhausted, not 429; its RateLimit shows nothing spent."""
+    for supplier in SUPPLIERS:
+        suppliers.always(supplier, delay(0.3))
+    callers = load(tmp_path / "c.toml", {"name": "acme", "rate": "10/60s"})
+    client = await start_quoteflow(callers=callers, inbound_limit=1, budget=0.6)
+    held = asyncio.create_task(client.post("/api/quotes", json={}, headers=bearer("acme")))
+    async with asyncio.timeout(2):
+        while suppliers.in_flight < 3:  # noqa: ASYNC110 -- the held request is at its suppliers
+            await asyncio.sleep(0.01)
+    busy = await client.post("/api/quotes", json={}, headers=bearer("acme"))
+    assert busy.status == 503
+    assert (await busy.json())["error"] == "capacity_exhausted"
+    assert busy.headers["Retry-After"] == "1"
+    assert busy.headers["RateLimit"].startswith('"acme";r=9;')  # only the held one spent
+    assert (await held).status == 200
