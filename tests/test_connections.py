@@ -333,6 +333,27 @@ async def test_at_the_cap_the_longest_idle_connection_makes_room(
             writer.close()
 
 
+async def test_a_head_only_begun_is_idle_and_gets_its_408_when_it_makes_room(
+    suppliers: FakeSuppliers,
+) -> None:
+    """At the cap, a connection whose head has only begun is idle: it goes, with a 408 first."""
+    async with serving(suppliers, max_connections=1) as runner:
+        port = port_of(runner)
+        dribbler_reader, dribbler_writer = await connect(port)
+        dribbler_writer.write(b"GET /health HTTP/1.1\r\n")
+        await asyncio.sleep(0.1)
+        reader, writer = await connect(port)
+        status, _, body = await asyncio.wait_for(answer(dribbler_reader), 1.0)
+        assert status == 408
+        assert json.loads(body)["error"] == "header_timeout"
+        writer.write(HEALTH_REQUEST)
+        assert (await answer(reader))[0] == 200
+        text = await scrape(port)  # on a third connection: the second, idle again, makes room
+        assert metric(text, 'quoteflow_connections_closed_total{reason="room"}') == 2
+        for closing in (dribbler_writer, writer):
+            closing.close()
+
+
 async def test_when_every_connection_is_busy_a_new_one_waits(suppliers: FakeSuppliers) -> None:
     """With every place taken by a request in progress, the next connection waits, then answers."""
     async with serving(suppliers, max_connections=2, body_timeout=0.8) as runner:
