@@ -237,7 +237,7 @@ async def _coordination(app: web.Application) -> AsyncIterator[None]:
     """Fleet mode: join the other workers through Redis, and leave them at shutdown.
 
     Starting opens no connection that could block: a Redis that is down at
-    start-up only means this worker starts on its own limits and joins later.
+    start-up only means this worker starts on its own (one attempt at a time) and joins later.
     """
     coordinator = Coordinator(app[SETTINGS])
     await coordinator.start()

@@ -127,7 +127,7 @@ class Settings:
     """Fleet mode: the Redis that holds the outbound limit, shares and retry budgets of
     every worker (``redis://host:port/db``); ``None`` (the default): one process, in memory."""
     redis_timeout: float = attrs.field(default=0.05, validator=_positive)
-    """Time limit of every Redis call, seconds; past it the worker uses its own limits."""
+    """Time limit of every Redis call, seconds; past it the worker keeps to its safe share."""
     redis_prefix: str = attrs.field(default="quoteflow")
     """Prefix of QuoteFlow's Redis keys, so several fleets can share one Redis."""
 

@@ -357,7 +357,7 @@ class Telemetry:
         gauges = (
             gauge(
                 "quoteflow_coordination_up",
-                "1 while Redis answers, 0 on local limits.",
+                "1 while Redis answers, 0 on the safe share (on its own).",
                 up,
                 "livemin",
             ),
