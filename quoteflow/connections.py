@@ -30,6 +30,14 @@ attribute checks and two ordered-dict operations: ``GuardedServer`` keeps the
 idle connections in the order they became idle (``busy``/``idle``), so making
 room takes the oldest in O(1) instead of a scan of every connection. A head
 that arrives whole in one read, as nearly all do, arms no timer.
+
+What this leans on in aiohttp 3.x beyond its public API, each pinned by
+``tests/test_connections.py`` on real sockets: a ``Server`` passes its
+handler arguments (``_kwargs``) to every ``RequestHandler``; a handler counts
+the heads it parsed (``_request_count``), queues them (``_messages``), calls
+``log_access`` once per answer, and re-arms its keep-alive check for
+``_next_keepalive_close_time`` when it fires early; a site keeps its server,
+TLS context and backlog (``_server``, ``_ssl_context``, ``_backlog``).
 """
 
 from __future__ import annotations
