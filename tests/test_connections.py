@@ -379,6 +379,25 @@ async def test_when_every_connection_is_busy_a_new_one_waits(suppliers: FakeSupp
         assert metric(await scrape(port), "quoteflow_accept_pauses_total") == 1
 
 
+async def test_stopping_while_paused_closes_the_listener(suppliers: FakeSuppliers) -> None:
+    """Shutdown with accepting paused: requests in progress answer, the port then refuses."""
+    async with serving(suppliers, max_connections=1, body_timeout=0.5) as runner:
+        port = port_of(runner)
+        held = []
+        for _ in range(2):  # the second finds the one place busy: accepting stops
+            reader, writer = await connect(port)
+            writer.write(SLOW_BODY_HEAD)
+            held.append((reader, writer))
+            await asyncio.sleep(0.05)
+        assert runner.gate.paused
+        answers = [asyncio.ensure_future(answer(reader)) for reader, _ in held]
+    assert [(await got)[0] for got in answers] == [408, 408]
+    with pytest.raises(ConnectionRefusedError):
+        await connect(port)
+    for _, writer in held:
+        writer.close()
+
+
 # -- an attacker process -----------------------------------------------------------
 
 
