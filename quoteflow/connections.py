@@ -193,8 +193,9 @@ class GuardedServer(web.Server):
                 victim, _ = self._idle.popitem(last=False)
                 self.end(victim, ROOM)
             else:
-                # Every connection has a request: this one stays (one over the
-                # cap until one closes); the next ones wait in the backlog.
+                # Every connection has a request: this one, already accepted,
+                # stays (over the cap until one closes); the next ones wait in
+                # the listen backlog.
                 self.gate.pause()
         self.open += 1
         handler.counted = True
