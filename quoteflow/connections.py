@@ -188,7 +188,9 @@ class GuardedServer(web.Server):
         """A new connection: make room for it if at the cap, and count it as idle."""
         super().connection_made(handler, transport)
         assert isinstance(handler, GuardedHandler)
-        if self.open >= self.limit:
+        # While paused, what still arrives was accepted in the same batch
+        # (asyncio's loop accepts several at a time): it waits with the rest.
+        if self.open >= self.limit and not self.gate.paused:
             if self._idle:
                 victim, _ = self._idle.popitem(last=False)
                 self.end(victim, ROOM)
