@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import resource
 import socket
@@ -176,6 +177,8 @@ class GuardedServer(web.Server):
         self.closed: Counter[str] = Counter({ROOM: 0, HEAD_TIMEOUT: 0})
         """Connections QuoteFlow closed, by reason (``ROOM``, ``HEAD_TIMEOUT``)."""
         self._idle: OrderedDict[GuardedHandler, None] = OrderedDict()
+        self._unreported: Counter[str] = Counter()
+        self._reported_at = -math.inf
 
     def __call__(self) -> GuardedHandler:
         return GuardedHandler(self, loop=self._loop, **self._kwargs)
@@ -240,6 +243,16 @@ class GuardedServer(web.Server):
             self.open -= 1
         self.closed[reason] += 1
         handler.end()
+        self._report(reason)
+
+    def _report(self, reason: str) -> None:
+        # Under attack these come by the thousand: one summary a second at most.
+        self._unreported[reason] += 1
+        now = time.monotonic()
+        if now - self._reported_at >= 1.0:
+            fields = {**self._unreported, "open": self.open}
+            self._unreported, self._reported_at = Counter(), now
+            log_event(log, logging.INFO, "connections_closed", fields)
 
 
 class GuardedHandler(RequestHandler):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import resource
 import subprocess
@@ -220,8 +221,11 @@ async def test_an_idle_keep_alive_connection_closes_at_the_idle_timeout(
         assert took >= 0.5
 
 
-async def test_a_dribbled_head_gets_408_at_the_header_timeout(suppliers: FakeSuppliers) -> None:
+async def test_a_dribbled_head_gets_408_at_the_header_timeout(
+    suppliers: FakeSuppliers, caplog: pytest.LogCaptureFixture
+) -> None:
     """A head sent a line at a time is answered 408 and closed once the header timeout is up."""
+    caplog.set_level(logging.INFO, logger="quoteflow")
     async with serving(suppliers, header_timeout=0.5, idle_timeout=5) as runner:
         port = port_of(runner)
         reader, writer = await connect(port)
@@ -245,6 +249,8 @@ async def test_a_dribbled_head_gets_408_at_the_header_timeout(suppliers: FakeSup
         assert 0.45 <= took <= 0.5 + 1.0
         text = await scrape(port)
         assert metric(text, 'quoteflow_connections_closed_total{reason="header_timeout"}') == 1
+    closed = [r for r in caplog.records if getattr(r, "event", "") == "connections_closed"]
+    assert [r.__dict__["fields"] for r in closed] == [{"header_timeout": 1, "open": 0}]
 
 
 async def test_a_head_begun_late_in_the_idle_time_still_gets_its_408(
