@@ -389,7 +389,7 @@ class AcceptGate:
                 held, tls, backlog = self._held[-1]
                 try:
                     opened = await loop.create_server(server, sock=held, ssl=tls, backlog=backlog)
-                except OSError as exc:
+                except (OSError, ValueError) as exc:  # the socket, or a loop refusing it
                     # Still paused, the socket still held: the next answer or
                     # closed connection tries again.
                     log_event(log, logging.ERROR, "accepting_not_resumed", {"error": str(exc)})
