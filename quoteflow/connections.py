@@ -46,8 +46,8 @@ import asyncio
 import logging
 import math
 import os
-import resource
 import socket
+import sys
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
@@ -91,6 +91,10 @@ def reserve_descriptors(limits: ConnectionLimits, outbound_limit: int) -> None:
     fail first. Like Go's runtime, raise the soft ``RLIMIT_NOFILE`` up to what
     is needed when the hard limit allows it (1,024 is a common soft default).
     """
+    if sys.platform == "win32":  # no RLIMIT_NOFILE there
+        return
+    import resource
+
     needed = limits.max_connections + outbound_limit + OTHER_DESCRIPTORS
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= needed:
