@@ -121,7 +121,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
-from quoteflow.config import SUPPLIERS, Settings
+from quoteflow.config import Settings
 from quoteflow.logs import log_event
 from quoteflow.retry import RetryBudget
 
@@ -876,9 +876,13 @@ class Coordinator:
         self,
         settings: Settings,
         *,
-        suppliers: Iterable[str] = SUPPLIERS,
+        suppliers: Iterable[str],
+        share: int | None = None,
+        retry_budget_capacity: float | None = None,
         worker_id: str | None = None,
     ) -> None:
+        """``suppliers``: the catalogue's names; ``share`` and ``retry_budget_capacity``, one
+        for them all (fleet mode keeps a single value of each), default to the settings'."""
         if settings.redis_url is None:
             raise ValueError("fleet mode needs a redis_url")
         self.worker_id = worker_id or uuid.uuid4().hex
@@ -888,16 +892,26 @@ class Coordinator:
         self._keys = [f"{prefix}:workers", f"{prefix}:state", f"{prefix}:tokens", f"{prefix}:epoch"]
         self.channel = f"{prefix}:freed"
         self._suppliers = tuple(suppliers)
+        if share is None:
+            share = settings.supplier_share or max(
+                1, settings.outbound_limit - (len(self._suppliers) - 1)
+            )
+        self.share = share
+        self.retry_budget_capacity = (
+            settings.retry_budget_capacity
+            if retry_budget_capacity is None
+            else retry_budget_capacity
+        )
         self.slots = FleetSlots(
             settings.outbound_limit,
-            settings.supplier_share,
+            share,
             self._suppliers,
             need_sync=self.request_sync,
             lapsed=self._lapsed,
         )
         self.budgets = {
             supplier: FleetRetryBudget(
-                settings.retry_budget_capacity,
+                self.retry_budget_capacity,
                 settings.retry_budget_earn,
                 burst=settings.inbound_limit,
                 need_sync=self.request_sync,
@@ -1050,12 +1064,12 @@ class Coordinator:
             self.worker_id,
             round(TTL * 1000),
             self.settings.outbound_limit,
-            self.settings.supplier_share,
+            self.share,
             round(WANT_FRESH * 1000),
             round(QUIET * 1000),
             int(self.joined),
             int(leaving),
-            f"{self.settings.retry_budget_capacity:.6f}",
+            f"{self.retry_budget_capacity:.6f}",
             self.channel,
             n,
             # At most one "wanted" per poll: starved workers must not wake

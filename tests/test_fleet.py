@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from quoteflow.config import SUPPLIERS, Settings
+from quoteflow.catalogue import LAB_SUPPLIERS as SUPPLIERS
+from quoteflow.config import Settings
 from quoteflow.fleet import HEARTBEAT, LINGER, LOCAL, TTL, Coordinator, fleet_holdings
 from tests.redis_server import RedisServer
 
@@ -54,7 +55,9 @@ async def workers(
     redis: RedisServer, count: int = 2, **overrides: Any
 ) -> AsyncIterator[list[Coordinator]]:
     """``count`` workers that have joined the fleet; closed (with a goodbye) afterwards."""
-    started = [Coordinator(fleet_settings(redis, **overrides)) for _ in range(count)]
+    started = [
+        Coordinator(fleet_settings(redis, **overrides), suppliers=SUPPLIERS) for _ in range(count)
+    ]
     try:
         for coordinator in started:
             await coordinator.start()

@@ -15,7 +15,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from quoteflow.app import COORDINATOR
-from quoteflow.config import SUPPLIERS
+from quoteflow.catalogue import LAB_SUPPLIERS as SUPPLIERS
 from tests.conftest import StartQuoteFlow
 from tests.fakes import FakeSuppliers, delay, first_time_per_request_id, status
 from tests.process import free_port

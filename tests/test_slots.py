@@ -17,7 +17,7 @@ async def settle() -> None:
 
 
 async def test_the_limit_and_each_share_hold() -> None:
-    slots = OutboundSlots(limit=3, share=2, suppliers=SUPPLIERS)
+    slots = OutboundSlots(3, dict.fromkeys(SUPPLIERS, 2))
     await slots.acquire("boreal")
     await slots.acquire("boreal")
     third_boreal = asyncio.create_task(slots.acquire("boreal"))
@@ -40,7 +40,7 @@ async def test_the_limit_and_each_share_hold() -> None:
 
 
 async def test_waiters_are_served_first_come_first_served() -> None:
-    slots = OutboundSlots(limit=1, share=1, suppliers=SUPPLIERS)
+    slots = OutboundSlots(1, dict.fromkeys(SUPPLIERS, 1))
     await slots.acquire("atlas")
     order: list[str] = []
 
@@ -58,7 +58,7 @@ async def test_waiters_are_served_first_come_first_served() -> None:
 
 
 async def test_a_waiter_cancelled_leaves_the_queue_and_takes_nothing() -> None:
-    slots = OutboundSlots(limit=1, share=1, suppliers=SUPPLIERS)
+    slots = OutboundSlots(1, dict.fromkeys(SUPPLIERS, 1))
     await slots.acquire("atlas")
     cancelled = asyncio.create_task(slots.acquire("boreal"))
     later = asyncio.create_task(slots.acquire("cedar"))
@@ -72,7 +72,7 @@ async def test_a_waiter_cancelled_leaves_the_queue_and_takes_nothing() -> None:
 
 
 async def test_a_slot_handed_to_a_waiter_cancelled_at_once_is_given_back() -> None:
-    slots = OutboundSlots(limit=1, share=1, suppliers=SUPPLIERS)
+    slots = OutboundSlots(1, dict.fromkeys(SUPPLIERS, 1))
     await slots.acquire("atlas")
     unlucky = asyncio.create_task(slots.acquire("boreal"))
     await settle()
