@@ -13,6 +13,9 @@ import pytest
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp import AiohttpClient, AiohttpServer
 
+from provider_lab.app import create_app as create_lab
+from provider_lab.catalogue import derived_offer
+from provider_lab.state import LabConfig
 from quoteflow.app import create_app
 from quoteflow.config import Settings
 from quoteflow.options import load_catalogue
@@ -224,3 +227,24 @@ async def test_more_suppliers_than_slots_answer_within_the_budget(
     assert [f["supplier"] for f in body["failures"]] == [
         n for n in names if n not in {q["supplier"] for q in body["quotes"]}
     ]
+
+
+async def test_two_labs_serve_one_catalogue_file(
+    aiohttp_server: AiohttpServer, start: Start
+) -> None:
+    """Two provider labs serve the names of one catalogue; QuoteFlow ranks their derived offers."""
+    names = ("north", "south", "east", "west")
+    labs = [await aiohttp_server(create_lab(LabConfig(suppliers=names))) for _ in range(2)]
+    entries = [
+        {"name": name, "url": str(labs[index % 2].make_url(f"/quotes/{name}"))}
+        for index, name in enumerate(names)
+    ]
+    client = await start(entries)
+    body = await (await client.post("/api/quotes", json={"sku": "MN-270", "quantity": 1})).json()
+    expected = []
+    for name in names:
+        offer = derived_offer(name, "MN-270")
+        if offer.stock >= 1:
+            expected.append((offer.unit_cents + offer.shipping_cents, name))
+    assert [(q["total_cents"], q["supplier"]) for q in body["quotes"]] == sorted(expected)
+    assert body["failures"] == []
