@@ -36,7 +36,7 @@ from typing import Any
 
 import attrs
 
-from bench import fleet, report
+from bench import catalogue, fleet, report
 from bench.procs import (
     BenchError,
     Service,
@@ -110,7 +110,7 @@ def parse_options(argv: Sequence[str]) -> Options:
     if duration < 1 or rounds < 1:
         parser.error("--duration must be at least 1 and --rounds at least 1")
     only = tuple(name for name in args.only.split(",") if name)
-    known = [w.name for w in all_workloads(Limits(), 1)] + ["fleet"]
+    known = [w.name for w in all_workloads(Limits(), 1)] + ["fleet", "catalogue"]
     if unknown := [name for name in only if name not in known]:
         parser.error(f"unknown workload {', '.join(unknown)}; choose from {', '.join(known)}")
     return Options(
@@ -572,6 +572,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["workloads"][workload.name] = bench.run_workload(workload)
         if not options.only or "fleet" in options.only:
             results["fleet"] = fleet.run_fleet(bench)
+        if not options.only or "catalogue" in options.only:
+            results["catalogue"] = catalogue.run_catalogue(bench)
         results["explain"] = bench.explain_bills()
         if options.profile:
             results["profile"] = bench.profile()
@@ -589,11 +591,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["fleet"], results["summary"].get("overload", {}).get("quoteflow")
         )
         results["summary"]["targets"] += fleet.targets(results["summary"]["fleet"])
+    if "catalogue" in results:
+        results["summary"]["catalogue"] = catalogue.summarize(results["catalogue"])
     results["elapsed_s"] = round(time.monotonic() - began, 1)
     options.out_dir.mkdir(parents=True, exist_ok=True)
     out = options.out_dir / "latest.json"
     out.write_text(json.dumps(results, indent=1))
     print(report.table(results, limits))
+    if "catalogue" in results:
+        print(catalogue.table(results["summary"]["catalogue"]))
     if options.plots:
         print(report.plot_all(results, options.out_dir))
     print(f"\nresults: {out}  ({results['elapsed_s']} s)")
