@@ -1,4 +1,4 @@
-"""SIGHUP to a real ``python -m quoteflow`` under load: a good file swapped in, a bad one refused."""
+"""SIGHUP to a real ``python -m quoteflow`` under load: a good file swapped in, a bad one not."""
 
 from __future__ import annotations
 
