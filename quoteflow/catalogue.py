@@ -324,12 +324,16 @@ class _Reader:
         if not isinstance(value, dict):
             self.fail("must be a table of header name = value", "headers")
         found: list[tuple[str, str]] = []
+        seen: set[str] = set()
         for header, raw in value.items():
             field = f"headers.{header}"
             if not _HEADER_NAME.fullmatch(header):
                 self.fail("not a valid header name", "headers")
             if header.lower() in RESERVED_HEADERS:
                 self.fail("set by QuoteFlow on every attempt", field)
+            if header.lower() in seen:
+                self.fail("named twice (header names ignore case)", field)
+            seen.add(header.lower())
             if type(raw) is not str:
                 self.fail("must be a string", field)
             resolved = self.resolve(raw, environ, field)

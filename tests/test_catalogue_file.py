@@ -99,6 +99,10 @@ BAD_FILES = {
         _entry(name='"atlas"', url=_URL, headers='{ X-Request-ID = "${TOKEN}" }'),
         ["'atlas'", "headers.X-Request-ID", "set by QuoteFlow"],
     ),
+    "a header named twice": (
+        _entry(name='"atlas"', url=_URL, headers='{ Accept = "a", accept = "${TOKEN}" }'),
+        ["'atlas'", "headers.accept", "twice"],
+    ),
     "a value that would split the request": (
         _entry(name='"atlas"', url=_URL, headers='{ Authorization = "${CRLF}" }'),
         ["'atlas'", "headers.Authorization", "control character"],

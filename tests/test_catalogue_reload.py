@@ -18,6 +18,7 @@ from quoteflow.options import load_catalogue
 from quoteflow.reload import reload_all
 from tests.catalogue_fakes import NamedSuppliers, after, always, write_catalogue
 from tests.conftest import TEST_BUDGET, TEST_CONNECT_TIMEOUT
+from tests.redis_server import RedisServer
 
 Client = TestClient[Any, Any]
 
@@ -183,3 +184,41 @@ async def test_without_a_file_there_is_nothing_to_reload(
     client = await aiohttp_client(create_app(Settings(provider_url=fake.url)))
     reload_all(client.app)
     assert client.app[ROSTER].catalogue.names == ("atlas", "boreal", "cedar")
+
+
+async def test_fleet_mode_reloads_urls_but_not_names(
+    fake: NamedSuppliers,
+    write: Write,
+    aiohttp_client: AiohttpClient,
+    redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With Redis, a SIGHUP may move a supplier's URL; a change of names waits for a restart."""
+    path = write("old", "stays")
+    settings = Settings(
+        budget=TEST_BUDGET,
+        connect_timeout=TEST_CONNECT_TIMEOUT,
+        suppliers_file=path,
+        redis_url=redis_server.url,
+        redis_timeout=0.2,
+    )
+    app = create_app(settings, catalogue=load_catalogue(settings, {}), environ={})
+    client = await aiohttp_client(app)
+    write("stays", "new")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="quoteflow"):
+        reload_all(client.app)
+    (refused,) = [r for r in caplog.records if r.event == "reload_refused"]  # type: ignore[attr-defined]
+    assert (
+        "fleet mode (--redis-url) changes the supplier names only when" in refused.fields["error"]
+    )  # type: ignore[attr-defined]
+    assert sorted(await _suppliers_of(client)) == ["old", "stays"]
+    # The same names at a new URL (the same server under another path) are taken at once.
+    _write(
+        path,
+        "".join(
+            f'[[supplier]]\nname = "{n}"\nurl = "{fake.url}q/{n}/"\n' for n in ("old", "stays")
+        ),
+    )
+    reload_all(client.app)
+    assert client.app[ROSTER].catalogue.suppliers[0].url.endswith("/q/old/")
