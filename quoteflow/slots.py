@@ -74,8 +74,10 @@ class OutboundSlots:
         """Drop suppliers of an old catalogue once no attempt holds or waits for their slots."""
         waiting = {supplier for supplier, _ in self._waiting}
         for supplier in suppliers:
-            if supplier in self._current or self._held.get(supplier, 1) or supplier in waiting:
-                continue  # named again, or still busy (past every budget: never)
+            if supplier in self._current or supplier not in self._held:
+                continue  # named again by a later catalogue, or already forgotten
+            if self._held[supplier] or supplier in waiting:
+                continue  # still busy (one budget after the reload: never)
             del self._held[supplier], self._share[supplier]
 
     @property
