@@ -264,7 +264,7 @@ class _Reader:
             read_timeout=self.duration("read_timeout", settings.read_timeout),
             breaker_failures=self.integer("breaker_failures", settings.breaker_failures, 0, 1000),
             retry_budget_capacity=self.number(
-                "retry_budget_capacity", settings.retry_budget_capacity
+                "retry_budget_capacity", settings.retry_budget_capacity, at_least=1
             ),
             headers=self.headers(table.get("headers", {}), environ),
             adapter=None if adapter_name is None else self.adapter(adapter_name),
@@ -301,17 +301,19 @@ class _Reader:
         return value
 
     def duration(self, field: str, default: float) -> float:
+        """Seconds, as the global timeouts allow them: above 0, at most an hour."""
         value = self.number(field, default)
         if not 0 < value <= 3600:
             self.fail("must be more than 0 and at most 3600 s", field)
         return value
 
-    def number(self, field: str, default: float) -> float:
+    def number(self, field: str, default: float, *, at_least: float | None = None) -> float:
+        """An integer or a float (never a boolean or a string), finite."""
         value = self.table.get(field, default)
         if type(value) not in (int, float) or not math.isfinite(value):
             self.fail("must be a number", field)
-        if field == "retry_budget_capacity" and value < 1:
-            self.fail("must be at least 1", field)
+        if at_least is not None and value < at_least:
+            self.fail(f"must be at least {at_least}", field)
         return float(value)
 
     def integer(self, field: str, default: int, low: int, high: int) -> int:

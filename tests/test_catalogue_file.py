@@ -77,6 +77,14 @@ BAD_FILES = {
         _entry(name='"atlas"', url=_URL, breaker_failures="true"),
         ["'atlas'", "breaker_failures"],
     ),
+    "retry budget below one": (
+        _entry(name='"atlas"', url=_URL, retry_budget_capacity="0.5"),
+        ["'atlas'", "retry_budget_capacity", "at least 1"],
+    ),
+    "breaker past its range": (
+        _entry(name='"atlas"', url=_URL, breaker_failures="1001"),
+        ["'atlas'", "breaker_failures", "0 to 1000"],
+    ),
     "adapter not importable": (
         _entry(name='"atlas"', url=_URL, adapter='"no_such_module_here:fn"'),
         ["'atlas'", "adapter", "cannot be imported"],
