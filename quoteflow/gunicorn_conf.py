@@ -22,7 +22,12 @@ Command-line options win over everything here. What it adds to gunicorn:
   (bad: one line, exit 2) and on every ``HUP`` (``on_reload``, which gunicorn
   calls before it starts the new workers); a file that passes is copied to a
   private snapshot, one that fails is logged and the snapshot kept; every
-  worker reads the snapshot (``post_fork`` points its variable there).
+  worker reads the snapshot (``post_fork`` points its variable there, so a
+  worker's own log names that copy). What gunicorn (27) does on ``HUP``, in
+  ``Arbiter.reload``: it resets the variables it set from ``--env``, reloads
+  its configuration (this module is imported once, so its state survives),
+  calls ``on_reload``, forks ``workers`` new workers and at once stops the
+  oldest ones beyond that count, which drain as on ``SIGTERM``.
 - **Host-wide metrics** (``hostmetrics.py``): prometheus-client's multiprocess
   mode needs ``PROMETHEUS_MULTIPROC_DIR`` set before any worker imports it,
   emptied when the master starts, and a worker's live gauges removed when it
