@@ -150,9 +150,9 @@ class Catalogue:
         """Each supplier's share of the outbound slots."""
         return {supplier.name: supplier.share for supplier in self.suppliers}
 
-    def public(self) -> dict[str, object]:
-        """The catalogue as a log line may show it (``Supplier.public``)."""
-        return {"file": self.path, "suppliers": [s.public() for s in self.suppliers]}
+    def public(self) -> list[dict[str, object]]:
+        """The suppliers as a log line may show them (``Supplier.public``)."""
+        return [supplier.public() for supplier in self.suppliers]
 
 
 def default_share(settings: Settings, count: int) -> int:

@@ -182,7 +182,7 @@ def loggable(settings: Settings, suppliers: Catalogue | None = None) -> dict[str
     if settings.redis_url is not None:
         fields["redis_url"] = redact_url(settings.redis_url)
     if suppliers is not None:
-        fields["suppliers"] = suppliers.public()["suppliers"]
+        fields["suppliers"] = suppliers.public()
     return fields
 
 
