@@ -94,7 +94,11 @@ def create_app(
     app[handlers.METRICS_NEED_KEY] = settings.metrics_require_key
     app.on_startup.append(_log_api_keys)
     if host_metrics:
-        host = HostTelemetry(CollectorRegistry(auto_describe=True))
+        # No auto_describe: registering the multiprocess collector would read
+        # every worker's files at boot, and a sibling booting at the same time
+        # (gunicorn's HUP starts them together) may have an empty one yet:
+        # struct.error, exit 3, and gunicorn halts the whole fleet.
+        host = HostTelemetry(CollectorRegistry(auto_describe=False))
         # Before the session's context: its last flush comes after every request has finished.
         app.cleanup_ctx.append(host.flushing)
         app[handlers.TELEMETRY] = host
