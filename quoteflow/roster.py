@@ -103,7 +103,7 @@ class SupplierRoster:
     def reload(self) -> None:
         """Re-read the file and serve it; ``ConfigError`` (nothing changed) if it fails a check."""
         found = load_catalogue(self.settings, self._environ)
-        if self._parts is not None and self._parts.slots is None:
+        if self.settings.redis_url is not None:
             self._check_fleet(found)
         self.use(found)
 
