@@ -20,7 +20,8 @@ Command-line options win over everything here. What it adds to gunicorn:
   worker that found a bad file would exit 3, and gunicorn stops the whole
   fleet when a worker fails to boot. So the master checks each file at start
   (bad: one line, exit 2) and on every ``HUP`` (``on_reload``, which gunicorn
-  calls before it starts the new workers); a file that passes is copied to a
+  calls before it starts the new workers), each time in a forked child so
+  that what the check imports never stays in the master; a file that passes is copied to a
   private snapshot, one that fails is logged and the snapshot kept; every
   worker reads the snapshot (``post_fork`` points its variable there, so a
   worker's own log names that copy). What gunicorn (27) does on ``HUP``, in
@@ -175,9 +176,7 @@ def _take_snapshot(checked: CheckedFile, path: str, snapshot: Path) -> str | Non
     """Copy ``path`` to ``snapshot`` if it passes ``checked``'s loader; else the problem.
 
     The bytes are read once and the copy is what gets checked, so a file
-    rewritten meanwhile cannot slip past. Modules the check imported (a
-    catalogue's adapters) are forgotten again: a worker forked later imports
-    them afresh, as they are on disk then.
+    rewritten meanwhile cannot slip past.
     """
     try:
         content = Path(path).read_bytes()
@@ -185,17 +184,49 @@ def _take_snapshot(checked: CheckedFile, path: str, snapshot: Path) -> str | Non
         return f"{path}: cannot read: {exc.strerror or exc}"
     candidate = snapshot.with_name(snapshot.name + ".new")
     candidate.write_bytes(content)
-    imported = set(sys.modules)
-    try:
-        checked.load(str(candidate), os.environ)
-    except ConfigError as exc:
+    problem = _check_apart(checked, str(candidate))
+    if problem is not None:
         candidate.unlink(missing_ok=True)
-        return str(exc).replace(str(candidate), path)
-    finally:
-        for name in set(sys.modules) - imported:
-            del sys.modules[name]
+        return problem.replace(str(candidate), path)
     os.replace(candidate, snapshot)  # a worker booting now reads the old copy or the new, whole
     return None
+
+
+_PASSED = b"ok"
+
+
+def _check_apart(checked: CheckedFile, path: str) -> str | None:
+    """Run ``checked``'s loader in a forked child of the master; the problem, if any.
+
+    Loading imports what the file names (a catalogue's adapters, with their own
+    dependencies and side effects). Done in the master itself, every worker
+    forked afterwards would inherit those modules as they were then: a changed
+    adapter would never be re-imported, and modules that cannot be imported
+    twice could not be unloaded either. The child exits once it has said.
+    """
+    reading, writing = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: check, report through the pipe, and never return
+        try:
+            os.close(reading)
+            try:
+                checked.load(path, os.environ)
+                said = _PASSED
+            except ConfigError as exc:
+                said = str(exc).encode()
+            except BaseException as exc:  # a loader's bug: named by class, never a traceback
+                said = f"{path}: the check failed ({type(exc).__name__})".encode()
+            os.write(writing, said)
+        finally:
+            os._exit(0)
+    os.close(writing)
+    with os.fdopen(reading, "rb") as pipe:
+        said = pipe.read()
+    with contextlib.suppress(ChildProcessError):  # gunicorn's SIGCHLD handler may reap it first
+        os.waitpid(pid, 0)
+    if said == _PASSED:
+        return None
+    return said.decode(errors="replace") or f"{path}: the check stopped without an answer"
 
 
 def child_exit(server: Any, worker: Any) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,16 @@ import aiohttp
 
 from tests.catalogue_fakes import write_catalogue
 from tests.fleet.conftest import BUDGET_S
-from tests.fleet.procs import Gunicorn, RedisServer, start_gunicorn, start_lab, stop
+from tests.fleet.procs import (
+    Gunicorn,
+    RedisServer,
+    gunicorn_argv,
+    quoteflow_env,
+    start_gunicorn,
+    start_lab,
+    stop,
+)
+from tests.process import free_port
 
 
 async def _names(session: aiohttp.ClientSession, url: str) -> tuple[int, set[str], float]:
@@ -136,3 +146,29 @@ async def test_hup_with_a_bad_file_keeps_the_fleet_and_a_good_one_moves_it(
         frozenset({"old", "stays"}),
         frozenset({"stays", "new"}),
     }
+
+
+def test_a_bad_catalogue_stops_gunicorn_before_any_worker(tmp_path: Path) -> None:
+    """A bad file at start: the master's one line, exit 2, no worker booted, no secret."""
+    path = tmp_path / "suppliers.toml"
+    path.write_text(
+        '[[supplier]]\nname = "a"\nurl = "http://127.0.0.1:1/q"\n'
+        'headers = { Authorization = "${TOKEN}" }\nread_timeout = 0\n'
+    )
+    done = subprocess.run(
+        gunicorn_argv(free_port()),
+        env=quoteflow_env({"QUOTEFLOW_SUPPLIERS_FILE": str(path)}, TOKEN="hush-hush-secret"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    ours = [line for line in done.stderr.splitlines() if line.startswith("quoteflow:")]
+    assert ours == [
+        f"quoteflow: error: supplier catalogue {path}: supplier 'a': read_timeout: "
+        "must be more than 0 and at most 3600 s"
+    ]
+    assert done.returncode == 2
+    assert "Booting worker" not in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "hush-hush-secret" not in done.stderr + done.stdout
