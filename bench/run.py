@@ -6,7 +6,9 @@ workload, sets the lab's latency and drives the two contenders in turn with wrk,
 interleaved A B B A so a noisy neighbour hurts both alike. Every run records
 wrk's counts and per-status latency histograms, the CPU time of the service,
 the lab and wrk itself, and what the lab saw. After each workload a normal
-request must still get all three quotes from both. Last, the fleet section
+request must still get all three quotes from both. Then the abuse section
+(``bench/connections.py``, issue 18): normal callers' goodput while an
+attacker hoards 3,000 idle and 100 dribbling connections. Last, the fleet section
 (``bench/fleet.py``, issue 12): QuoteFlow under gunicorn with 2 workers and
 Redis against the single process, CPU per answered request and Redis commands
 per request.
@@ -36,7 +38,7 @@ from typing import Any
 
 import attrs
 
-from bench import catalogue, fleet, report
+from bench import catalogue, connections, fleet, report
 from bench.procs import (
     BenchError,
     Service,
@@ -110,7 +112,7 @@ def parse_options(argv: Sequence[str]) -> Options:
     if duration < 1 or rounds < 1:
         parser.error("--duration must be at least 1 and --rounds at least 1")
     only = tuple(name for name in args.only.split(",") if name)
-    known = [w.name for w in all_workloads(Limits(), 1)] + ["fleet", "catalogue"]
+    known = [w.name for w in all_workloads(Limits(), 1)] + ["fleet", "abuse", "catalogue"]
     if unknown := [name for name in only if name not in known]:
         parser.error(f"unknown workload {', '.join(unknown)}; choose from {', '.join(known)}")
     return Options(
@@ -570,6 +572,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench.warm_up()
         for workload in workloads:
             results["workloads"][workload.name] = bench.run_workload(workload)
+        if not options.only or "abuse" in options.only:
+            results["abuse"] = connections.run_abuse(bench)
         if not options.only or "fleet" in options.only:
             results["fleet"] = fleet.run_fleet(bench)
         if not options.only or "catalogue" in options.only:
@@ -591,6 +595,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["fleet"], results["summary"].get("overload", {}).get("quoteflow")
         )
         results["summary"]["targets"] += fleet.targets(results["summary"]["fleet"])
+    if "abuse" in results:
+        results["summary"]["abuse"] = connections.summarize(results["abuse"])
+        results["summary"]["targets"] += connections.targets(results["summary"]["abuse"])
     if "catalogue" in results:
         results["summary"]["catalogue"] = catalogue.summarize(results["catalogue"])
     results["elapsed_s"] = round(time.monotonic() - began, 1)

@@ -7,8 +7,7 @@ Command-line options win over everything here. What it adds to gunicorn:
 
 - **QuoteFlow's settings are checked once, in the master,** before any worker
   starts: a bad ``QUOTEFLOW_*`` value prints QuoteFlow's one-line error and
-  gunicorn exits 2. (Without this file each worker refuses it the same way and
-  the master stops with "Worker failed to boot.", exit 3.)
+  gunicorn exits 2.
 - **Defaults from QuoteFlow's settings:** ``bind`` is
   ``QUOTEFLOW_HOST:QUOTEFLOW_PORT`` (127.0.0.1:9100); the worker class is
   aiohttp's uvloop worker; ``graceful_timeout`` and ``timeout`` leave room
@@ -21,8 +20,9 @@ Command-line options win over everything here. What it adds to gunicorn:
   fleet when a worker fails to boot. So the master checks each file at start
   (bad: one line, exit 2) and on every ``HUP`` (``on_reload``, which gunicorn
   calls before it starts the new workers), each time in a forked child so
-  that what the check imports never stays in the master; a file that passes is copied to a
-  private snapshot, one that fails is logged and the snapshot kept; every
+  that what the check imports never stays in the master; a file that passes
+  is copied to a private snapshot, one that fails is logged and the snapshot
+  kept; every
   worker reads the snapshot (``post_fork`` points its variable there, so a
   worker's own log names that copy). What gunicorn (27) does on ``HUP``, in
   ``Arbiter.reload``: it resets the variables it set from ``--env``, reloads
@@ -34,7 +34,9 @@ Command-line options win over everything here. What it adds to gunicorn:
   emptied when the master starts, and a worker's live gauges removed when it
   exits. If the variable is set, that directory is used (created if missing,
   its ``*.db`` files deleted at start); if not, the master makes a private
-  temporary directory and removes it when it exits.
+  temporary directory and removes it when it exits. Without this file a
+  worker cannot know its metrics would be the host's: it refuses to boot,
+  printing the command with ``-c python:quoteflow.gunicorn_conf`` added.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ import attrs
 
 from quoteflow.config import Settings
 from quoteflow.options import (
+    GUNICORN_MASTER_ENV,
     METRICS_DIR_ENV,
     ConfigError,
     env_name,
@@ -145,6 +148,8 @@ def on_starting(server: Any) -> None:
     # Files of a previous run would be added to this one's totals.
     for stale in path.glob("*.db"):
         stale.unlink(missing_ok=True)
+    # The workers check it is their own master that did this (``app.gunicorn_app``).
+    os.environ[GUNICORN_MASTER_ENV] = str(os.getpid())
 
 
 def on_reload(server: Any) -> None:
