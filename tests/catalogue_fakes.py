@@ -53,9 +53,11 @@ class NamedSuppliers:
         """Base URL, known once the server listens."""
 
     def url_of(self, name: str) -> str:
+        """The URL a catalogue entry gives for supplier ``name``."""
         return f"{self.url}q/{name}"
 
     def count(self, name: str) -> int:
+        """How many requests reached supplier ``name``."""
         return sum(1 for seen in self.seen if seen.supplier == name)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
@@ -73,6 +75,8 @@ class NamedSuppliers:
 
 
 def always(status: int) -> Answer:
+    """Answer every request with ``status`` and a small JSON error body."""
+
     async def answer(request: web.Request, name: str) -> web.StreamResponse:
         return web.json_response({"error": "no"}, status=status)
 
@@ -80,6 +84,8 @@ def always(status: int) -> Answer:
 
 
 def after(seconds: float, then: Answer = protocol_answer) -> Answer:
+    """Wait ``seconds``, then answer as ``then`` does."""
+
     async def answer(request: web.Request, name: str) -> web.StreamResponse:
         await asyncio.sleep(seconds)
         return await then(request, name)
@@ -88,6 +94,8 @@ def after(seconds: float, then: Answer = protocol_answer) -> Answer:
 
 
 def json_answer(obj: Any) -> Answer:
+    """A 200 with ``obj`` as its JSON body, whatever was asked (a foreign shape)."""
+
     async def answer(request: web.Request, name: str) -> web.StreamResponse:
         return web.json_response(obj)
 
