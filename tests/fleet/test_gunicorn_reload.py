@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 
+from provider_lab.catalogue import derived_offer
 from tests.catalogue_fakes import write_catalogue
 from tests.fleet.conftest import BUDGET_S
 from tests.fleet.procs import (
@@ -27,6 +28,14 @@ from tests.fleet.procs import (
     stop,
 )
 from tests.process import free_port
+
+ADAPTER_V1 = "def adapt(payload):\n    return payload\n"
+ADAPTER_V2 = (
+    "def adapt(payload):\n"
+    "    return {**payload, 'unit_cents': payload['unit_cents'] + 1}  # version 2\n"
+)
+"""An adapter for ``stays`` that a reload changes: the second adds a cent."""
+PRICE = derived_offer("stays", "KB-001").unit_cents
 
 
 async def _names(session: aiohttp.ClientSession, url: str) -> tuple[int, set[str], float]:
@@ -48,6 +57,16 @@ async def _until(
         _, named, _ = await _names(session, fleet.url)
         streak = streak + 1 if named == wanted else 0
         await asyncio.sleep(0.02)
+
+
+async def _stays_unit(session: aiohttp.ClientSession, fleet: Gunicorn) -> set[int]:
+    """The unit prices eight answers in a row quote for ``stays``."""
+    prices = set()
+    for _ in range(8):
+        async with session.post(f"{fleet.url}/api/quotes", json={"quantity": 1}) as response:
+            body = await response.json()
+        prices |= {q["unit_cents"] for q in body["quotes"] if q["supplier"] == "stays"}
+    return prices
 
 
 async def _replaced(fleet: Gunicorn, within_s: float = 20.0) -> None:
@@ -74,8 +93,14 @@ async def test_hup_with_a_bad_file_keeps_the_fleet_and_a_good_one_moves_it(
     path = tmp_path / "suppliers.toml"
 
     def catalogue(*names: str) -> None:
-        write_catalogue(path, [{"name": n, "url": f"{lab.url}/quotes/{n}"} for n in names])
+        entries = [{"name": n, "url": f"{lab.url}/quotes/{n}"} for n in names]
+        for entry in entries:
+            if entry["name"] == "stays":
+                entry["adapter"] = "lab_adapter:adapt"
+        write_catalogue(path, entries)
 
+    adapter = tmp_path / "lab_adapter.py"
+    adapter.write_text(ADAPTER_V1)
     catalogue("old", "stays")
     settings = {
         "QUOTEFLOW_SUPPLIERS_FILE": str(path),
@@ -87,6 +112,8 @@ async def test_hup_with_a_bad_file_keeps_the_fleet_and_a_good_one_moves_it(
         # 2 x the limit) and hide what the reload itself enforces.
         "QUOTEFLOW_REDIS_TIMEOUT": "0.3",
         "QUOTEFLOW_LOG_LEVEL": "warning",
+        "PYTHONPATH": str(tmp_path),  # where lab_adapter lives
+        "PYTHONDONTWRITEBYTECODE": "1",
     }
     fleet = start_gunicorn(tmp_path, settings)
     answers: list[tuple[int, set[str], float]] = []
@@ -117,9 +144,13 @@ async def test_hup_with_a_bad_file_keeps_the_fleet_and_a_good_one_moves_it(
             path.write_text('[[supplier]]\nname = "stays"\nurl = "gopher://x/q"\n')
             await _replaced(fleet)  # booted from the last good copy
             await _until(session, fleet, {"old", "stays"})
+            assert await _stays_unit(session, fleet) == {PRICE}  # the adapter as it was
             catalogue("stays", "new")
+            adapter.write_text(ADAPTER_V2)
             await _replaced(fleet)
             await _until(session, fleet, {"stays", "new"})
+            # Every new worker imported the adapter afresh: the master never had it.
+            assert await _stays_unit(session, fleet) == {PRICE + 1}
             stop_load.set()
             await asyncio.gather(*loaders)
             async with session.get(f"{lab.url}/stats?summary=1") as response:
