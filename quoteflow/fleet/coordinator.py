@@ -24,6 +24,7 @@ from quoteflow.fleet.timing import (
     POLL,
     QUIET,
     RECONNECT,
+    RETRY_SOON,
     TTL,
     WANT_FRESH,
 )
@@ -311,7 +312,12 @@ class Coordinator:
         """A sync failed: the safe share at once, one warning, and a retry every ``RECONNECT``."""
         if self._closing:
             return
+        retry = RECONNECT
         if self.slots.mode != LOCAL:
+            # The first retry comes soon: after one slow call, a worker that
+            # reports again within TTL keeps its record, and what it uses on
+            # its own stays counted in Redis, so nobody is granted it.
+            retry = RETRY_SOON
             self.up = False
             self._down_since = self._loop.time()
             self.slots.go_local()
@@ -332,7 +338,7 @@ class Coordinator:
                     "outbound_limit": self.settings.outbound_limit,
                 },
             )
-        self._set_due(self._loop.time() + RECONNECT)
+        self._set_due(self._loop.time() + retry)
 
     def _lapsed(self) -> None:
         self._lost("lease not renewed in time")
