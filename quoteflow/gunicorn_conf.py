@@ -13,9 +13,9 @@ Command-line options win over everything here. What it adds to gunicorn:
   aiohttp's uvloop worker; ``graceful_timeout`` and ``timeout`` leave room
   for the drain and the requests in flight; no control socket (see below).
 - **Files checked in the master, workers booted from the last good copy**
-  (``CHECKED_FILES``: the supplier catalogue; the callers file plugs in the
-  same way). ``kill -HUP`` of the master is gunicorn's graceful reload: new
-  workers boot and read the files, the old ones finish what they started. A
+  (``CHECKED_FILES``: the supplier catalogue and the callers file). ``kill
+  -HUP`` of the master is gunicorn's graceful reload: new workers boot and
+  read the files, the old ones finish what they started. A
   worker that found a bad file would exit 3, and gunicorn stops the whole
   fleet when a worker fails to boot. So the master checks each file at start
   (bad: one line, exit 2) and on every ``HUP`` (``on_reload``, which gunicorn
@@ -52,6 +52,7 @@ from typing import Any
 
 import attrs
 
+from quoteflow.callers import load_callers
 from quoteflow.config import Settings
 from quoteflow.options import (
     GUNICORN_MASTER_ENV,
@@ -110,8 +111,11 @@ def _load_catalogue(path: str, environ: Mapping[str, str]) -> object:
     return load_catalogue(attrs.evolve(_settings, suppliers_file=path), environ)
 
 
-CHECKED_FILES: list[CheckedFile] = [CheckedFile(env_name("suppliers_file"), _load_catalogue)]
-"""Every file the master checks; a new one (the callers file) appends its loader here."""
+CHECKED_FILES: list[CheckedFile] = [
+    CheckedFile(env_name("suppliers_file"), _load_catalogue),
+    CheckedFile(env_name("callers"), load_callers),
+]
+"""Every file the master checks: the supplier catalogue and the callers file."""
 
 _snapshots: dict[str, tuple[str, Path]] = {}
 """Variable → (the operator's path, the last good copy the workers read)."""

@@ -133,3 +133,35 @@ async def test_the_masters_hup_serves_the_new_file_and_the_fleet_keeps_what_was_
     statuses = [await ask("acme") for _ in range(12)]
     assert 10 <= statuses.count(200) <= 11
     assert statuses[-1] == 429
+
+
+async def test_a_bad_file_on_the_masters_hup_keeps_the_fleet_serving_the_last_good_one(
+    callers_fleet: Gunicorn, callers_file: Path, session: aiohttp.ClientSession
+) -> None:
+    """The master checks the callers file on HUP: a bad one is refused, workers keep the old."""
+    url = callers_fleet.url
+
+    async def ask(name: str) -> int:
+        async with session.post(f"{url}/api/quotes", json={}, headers=bearer(name)) as answer:
+            await answer.read()
+            return answer.status
+
+    write_callers(callers_file, {"name": "beta"}, {"name": "gamma"})
+    os.kill(callers_fleet.pid, signal.SIGHUP)
+    end = time.monotonic() + 15
+    while await ask("gamma") != 200:  # the good file is served
+        assert time.monotonic() < end, "gamma was never let in"
+        await asyncio.sleep(0.1)
+    old = callers_fleet.workers()
+    write_callers(callers_file, {"name": "beta", "rate": "ten/min"}, {"name": "acme"})
+    os.kill(callers_fleet.pid, signal.SIGHUP)
+    while True:  # gunicorn still replaces the workers: from the last good copy
+        new = callers_fleet.workers()
+        if len(new) == 2 and not new & old and all(callers_fleet.booted(p) for p in new):
+            break
+        assert time.monotonic() < end, "the workers were not replaced"
+        await asyncio.sleep(0.05)
+    assert callers_fleet.process.poll() is None
+    assert [await ask(name) for name in ("beta", "gamma", "acme")] == [200, 200, 401]
+    log = callers_fleet.log_path.read_text(errors="replace")
+    assert "caller 'beta': rate 'ten/min'" in log
