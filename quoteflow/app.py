@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -30,6 +31,10 @@ from quoteflow.retry import RetryBudget, RetryLimiter
 from quoteflow.service import QuoteService, SupplierGateway
 from quoteflow.slots import OutboundLimiter, OutboundSlots
 from quoteflow.supplier import SupplierClient
+from quoteflow.tracing import TracingConfig, tracing_from_environ
+
+if TYPE_CHECKING:
+    from quoteflow.spans import Tracing
 
 log = logging.getLogger("quoteflow")
 
@@ -50,6 +55,7 @@ def create_app(
     *,
     gateway: GatewayFactory | None = None,
     host_metrics: bool = False,
+    tracing: TracingConfig | None = None,
 ) -> web.Application:
     """Build the QuoteFlow app; no I/O happens until it starts.
 
@@ -58,8 +64,16 @@ def create_app(
     ``host_metrics``: ``/metrics`` reports every worker of the host
     (prometheus-client's multiprocess mode, ``hostmetrics.py``); the request
     path is the same either way.
+    ``tracing``: OpenTelemetry spans (``tracing.tracing_from_environ``); None, off.
     """
     middlewares = [handlers.error_middleware]
+    tracer: Tracing | None = None
+    if tracing is not None:
+        # Imported only when on: with tracing off, OpenTelemetry is never loaded.
+        from quoteflow.spans import Tracing
+
+        tracer = Tracing(tracing)
+        middlewares.insert(0, tracer.middleware)  # outermost: it sees every answer
     if settings.api_keys is not None:
         # Without keys there is nothing to check: no layer to pass per request.
         middlewares.append(handlers.auth_middleware)
@@ -79,10 +93,13 @@ def create_app(
         app[handlers.TELEMETRY] = Telemetry(CollectorRegistry(auto_describe=True))
     app[handlers.READY] = [True]
     app.on_shutdown.append(_stop_being_ready)
+    if tracer is not None:
+        # Before the session: the last spans are flushed once every call has ended.
+        app.cleanup_ctx.append(tracer.running)
     if settings.redis_url is not None:
         # Before the session: closed after it, once no attempt holds a slot.
         app.cleanup_ctx.append(_coordination)
-    app.cleanup_ctx.append(_supplier_session(gateway))
+    app.cleanup_ctx.append(_supplier_session(gateway, tracer))
     handlers.add_routes(app)
     return app
 
@@ -132,6 +149,7 @@ async def gunicorn_app() -> web.AppRunner:
     """
     try:
         settings = settings_from_environ(os.environ)
+        tracing = tracing_from_environ(os.environ)
     except ConfigError as exc:
         print(f"quoteflow: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(WORKER_BOOT_ERROR) from None
@@ -146,7 +164,7 @@ async def gunicorn_app() -> web.AppRunner:
         "starting",
         {**fields, "worker_pid": os.getpid(), "host_metrics": host_metrics},
     )
-    return DrainingRunner(create_app(settings, host_metrics=host_metrics))
+    return DrainingRunner(create_app(settings, host_metrics=host_metrics, tracing=tracing))
 
 
 class DrainingRunner(web.AppRunner):
@@ -214,6 +232,7 @@ def _limits(app: web.Application) -> tuple[OutboundLimiter, dict[str, RetryLimit
 
 def _supplier_session(
     gateway: GatewayFactory | None,
+    tracer: Tracing | None,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def session_ctx(app: web.Application) -> AsyncIterator[None]:
         """The app's one ``ClientSession``, open from start-up to shutdown."""
@@ -239,7 +258,9 @@ def _supplier_session(
             # would become four on the wire. Only this private switch stops it.
             session._retry_connection = False
             slots, budgets = _limits(app)
-            client = SupplierClient(session, settings, slots=slots, retry_budgets=budgets)
+            client = SupplierClient(
+                session, settings, slots=slots, retry_budgets=budgets, attempts=tracer
+            )
             telemetry = app[handlers.TELEMETRY]
             breakers = None
             if settings.breaker_failures:
@@ -250,12 +271,16 @@ def _supplier_session(
                     open_max=settings.breaker_open_max,
                     listener=telemetry.circuit_moved,
                 )
+            supplier_gateway: SupplierGateway = gateway(client) if gateway else client
+            if tracer is not None:
+                supplier_gateway = tracer.gateway(supplier_gateway)
             service = QuoteService(
-                gateway(client) if gateway else client,
+                supplier_gateway,
                 budget=settings.budget,
                 inbound_limit=settings.inbound_limit,
                 answer_reserve=settings.answer_reserve,
                 breakers=breakers,
+                circuit_open=None if tracer is None else tracer.circuit_open,
             )
             app[SUPPLIER_CLIENT] = client
             app[handlers.SERVICE] = service

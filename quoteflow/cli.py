@@ -18,6 +18,7 @@ from quoteflow.config import Settings
 from quoteflow.logs import log_event
 from quoteflow.options import ConfigError, loggable, parse_settings
 from quoteflow.reload import reload_all
+from quoteflow.tracing import TracingConfig, tracing_from_environ
 
 __all__ = ["ConfigError", "main", "parse_settings"]
 
@@ -28,6 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run QuoteFlow until interrupted; a bad setting exits 2 with one line."""
     try:
         settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
+        tracing = tracing_from_environ(os.environ)
     except ConfigError as exc:
         print(f"quoteflow: error: {exc}", file=sys.stderr)
         return 2
@@ -39,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("quoteflow: error: --event-loop uvloop: uvloop is not installed", file=sys.stderr)
         return 2
     try:
-        _serve(settings, loop)
+        _serve(settings, tracing, loop)
     except OSError as exc:  # address in use, unknown host, no permission
         where = f"{settings.host}:{settings.port}"
         print(f"quoteflow: error: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
@@ -48,16 +50,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _serve(settings: Settings, loop: asyncio.AbstractEventLoop) -> None:
+def _serve(
+    settings: Settings, tracing: TracingConfig | None, loop: asyncio.AbstractEventLoop
+) -> None:
     asyncio.set_event_loop(loop)
     try:
-        loop.run_until_complete(_run(settings))
+        loop.run_until_complete(_run(settings, tracing))
     finally:
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 
 
-async def _run(settings: Settings) -> None:
+async def _run(settings: Settings, tracing: TracingConfig | None = None) -> None:
     """Serve until SIGTERM or SIGINT; then drain, stop accepting and finish in-flight work.
 
     SIGHUP re-reads the files QuoteFlow serves from (``reload.py``).
@@ -68,7 +72,7 @@ async def _run(settings: Settings) -> None:
     2. The listener closes; requests in flight finish, each within its budget.
     3. The ``ClientSession`` closes. The process exits 0.
     """
-    app = create_app(settings)
+    app = create_app(settings, tracing=tracing)
     runner = web.AppRunner(
         app,
         access_log=None,

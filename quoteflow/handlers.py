@@ -36,6 +36,8 @@ TELEMETRY = web.AppKey("telemetry", Telemetry)
 READY = web.AppKey("ready", list[bool])
 """``[True]`` while serving; flipped when shutdown begins."""
 REQUEST_ID = web.RequestKey("request_id", str)
+TRACE_ID = web.RequestKey("trace_id", str)
+"""Set only when tracing is on (``spans.py``): the request's trace, named in its bill."""
 BODY_TIMEOUT = web.AppKey("body_timeout", float)
 """Seconds an inbound body may take to arrive."""
 API_KEYS = web.AppKey("api_keys", ApiKeys)
@@ -107,7 +109,10 @@ async def quotes(request: web.Request) -> web.Response:
     request.app[TELEMETRY].served(report)
     body = encode_result(report.result)
     if request.query.get("explain") in ("1", "true"):
-        body["explain"] = encode_explain(report)
+        body["explain"] = explain = encode_explain(report)
+        trace_id = request.get(TRACE_ID)
+        if trace_id is not None:
+            explain["trace_id"] = trace_id
     return _json(body)
 
 

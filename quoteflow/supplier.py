@@ -23,7 +23,7 @@ import asyncio
 import random
 import time
 from collections.abc import Mapping
-from typing import Final
+from typing import Final, Protocol
 
 import aiohttp
 import attrs
@@ -74,6 +74,14 @@ NEVER_RETRIED: Final = (aiohttp.ClientSSLError,)
 
 TRUNCATION_CAUSES: Final = (ContentLengthError, TransferEncodingError)
 """Causes of a ``ClientPayloadError`` that mean "the body was cut short"."""
+
+
+class AttemptListener(Protocol):
+    """Told of each attempt as it is about to be sent (tracing: ``spans.Tracing``)."""
+
+    def sending(self, attempt: int, url: URL, headers: dict[str, str]) -> None:
+        """Attempt number ``attempt`` goes to ``url``; ``headers`` may gain headers of its own."""
+        ...
 
 
 @attrs.frozen
@@ -151,6 +159,7 @@ class SupplierClient:
     ``slots`` and ``retry_budgets`` (one per supplier) are injected by the
     composition root: in-memory for one process, Redis-backed in fleet mode.
     Left out, they are this process's own ``OutboundSlots`` and ``RetryBudget`` objects.
+    ``attempts`` is told of every attempt before it is sent (tracing), if given.
     """
 
     def __init__(
@@ -160,8 +169,10 @@ class SupplierClient:
         *,
         slots: OutboundLimiter | None = None,
         retry_budgets: Mapping[str, RetryLimiter] | None = None,
+        attempts: AttemptListener | None = None,
     ) -> None:
         self._session = session
+        self._listener = attempts
         if slots is None:
             slots = OutboundSlots(settings.outbound_limit, settings.supplier_share, SUPPLIERS)
         self._slots = slots
@@ -258,6 +269,8 @@ class SupplierClient:
                     # Measured once the slot is ours: the wait is not the supplier's time.
                     "X-Deadline-Remaining-Ms": str(max(0, int((call.deadline - started) * 1000))),
                 }
+                if self._listener is not None:
+                    self._listener.sending(attempt, call.url, headers)  # e.g. traceparent
                 fetched = await self._fetch(call, headers)
             finally:
                 self._slots.release(trace.supplier)
