@@ -9,7 +9,8 @@ the lab and wrk itself, and what the lab saw. After each workload a normal
 request must still get all three quotes from both. Last, the fleet section
 (``bench/fleet.py``, issue 12): QuoteFlow under gunicorn with 2 workers and
 Redis against the single process, CPU per answered request and Redis commands
-per request.
+per request; then the tracing section (``bench/tracing.py``, issue 22): CPU
+per answered request with OpenTelemetry off, and on at 1 % and 100 %.
 
 Output: a table with each target of issue 5 marked met or not met,
 ``bench/results/latest.json`` and PNG plots beside it.
@@ -36,7 +37,7 @@ from typing import Any
 
 import attrs
 
-from bench import fleet, report
+from bench import fleet, report, tracing
 from bench.procs import (
     BenchError,
     Service,
@@ -110,7 +111,7 @@ def parse_options(argv: Sequence[str]) -> Options:
     if duration < 1 or rounds < 1:
         parser.error("--duration must be at least 1 and --rounds at least 1")
     only = tuple(name for name in args.only.split(",") if name)
-    known = [w.name for w in all_workloads(Limits(), 1)] + ["fleet"]
+    known = [w.name for w in all_workloads(Limits(), 1)] + ["fleet", "tracing"]
     if unknown := [name for name in only if name not in known]:
         parser.error(f"unknown workload {', '.join(unknown)}; choose from {', '.join(known)}")
     return Options(
@@ -572,6 +573,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["workloads"][workload.name] = bench.run_workload(workload)
         if not options.only or "fleet" in options.only:
             results["fleet"] = fleet.run_fleet(bench)
+        if not options.only or "tracing" in options.only:
+            results["tracing"] = tracing.run_tracing(bench)
         results["explain"] = bench.explain_bills()
         if options.profile:
             results["profile"] = bench.profile()
@@ -589,6 +592,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["fleet"], results["summary"].get("overload", {}).get("quoteflow")
         )
         results["summary"]["targets"] += fleet.targets(results["summary"]["fleet"])
+    if "tracing" in results:
+        results["summary"]["tracing"] = tracing.summarize(results["tracing"])
+        results["summary"]["targets"] += tracing.targets(results["summary"]["tracing"])
     results["elapsed_s"] = round(time.monotonic() - began, 1)
     options.out_dir.mkdir(parents=True, exist_ok=True)
     out = options.out_dir / "latest.json"

@@ -9,8 +9,10 @@ spans go over HTTP to ``tests.otlp.Receiver``, which decodes them with
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -28,7 +30,7 @@ from quoteflow.config import Settings
 from quoteflow.tracing import tracing_from_environ
 from tests.conftest import TEST_BUDGET, TEST_CONNECT_TIMEOUT
 from tests.otlp import CLIENT, ERROR, INTERNAL, SERVER, Receiver
-from tests.process import free_port
+from tests.process import free_port, quoteflow_process
 
 StartTraced = Callable[..., Awaitable[TestClient[Any, Any]]]
 
@@ -391,3 +393,52 @@ async def test_a_collector_down_or_hanging_never_delays_an_answer(
     began = time.monotonic()
     await client.close()  # the app's cleanup: a last flush that cannot finish
     assert time.monotonic() - began < 3.0
+
+
+# -- python -m quoteflow, configured by the environment alone ------------------------------
+
+
+async def test_python_m_quoteflow_is_configured_by_the_sdks_variables(
+    monkeypatch: pytest.MonkeyPatch, receiver: Receiver, lab: TestServer
+) -> None:
+    """The generic endpoint, service name and parent-based sampler, as a real process reads them.
+
+    Ratio 0: a request of its own is not traced, a caller's sampled trace is
+    followed; its log line carries the trace id; SIGTERM flushes the last spans.
+    """
+    for name in list(os.environ):
+        if name.startswith("OTEL_"):
+            monkeypatch.delenv(name)
+    base = receiver.url.removesuffix("/v1/traces")
+    for name, value in {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": base,
+        "OTEL_SERVICE_NAME": "quoteflow-test",
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0",
+        # A long delay: only the shutdown's flush can have sent the spans.
+        "OTEL_BSP_SCHEDULE_DELAY": "60000",
+    }.items():
+        monkeypatch.setenv(name, value)
+    lab_url = str(lab.make_url("")).rstrip("/")
+    async with quoteflow_process(lab_url, capture_log=True) as running:
+        async with aiohttp.ClientSession() as session:
+            for headers in ({}, {"traceparent": INBOUND}):
+                async with session.post(
+                    running.url + "/api/quotes", json={"scenario": "flaky"}, headers=headers
+                ) as answer:
+                    assert answer.status == 200
+        running.process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(running.process.wait(), 10) == 0
+        assert running.process.stderr is not None
+        log_lines = (await running.process.stderr.read()).decode().splitlines()
+    spans = await receiver.wait_for(lambda found: len(found) >= 8, within_s=2)
+    assert len(spans) == 8  # the caller's request only: 1 + 3 + 4
+    assert {(span.trace_id, span.service) for span in spans} == {(INBOUND_TRACE, "quoteflow-test")}
+    events = [json.loads(line) for line in log_lines if line.startswith("{")]
+    requests = [e for e in events if e["event"] == "quote_request"]
+    assert len(requests) == 2
+    assert requests[1]["trace_id"] == INBOUND_TRACE
+    assert requests[0]["trace_id"] not in (INBOUND_TRACE, None)  # not sampled, yet named
+    (started,) = [e for e in events if e["event"] == "tracing_on"]
+    assert started["endpoint"] == receiver.url
+    assert (started["sampler"], started["ratio"]) == ("parentbased_traceidratio", 0.0)
