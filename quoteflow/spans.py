@@ -69,7 +69,6 @@ from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from yarl import URL
 
-from quoteflow.config import redact_url
 from quoteflow.handlers import REQUEST_ID, TRACE_ID
 from quoteflow.logs import log_event
 from quoteflow.models import (
@@ -301,10 +300,10 @@ class Tracing:
             if parent.is_valid:
                 _inject(headers, parent, self._new_span_id())
             return
-        span = self._tracer.start_span("GET", context=call.context, kind=SpanKind.CLIENT)
         attributes: dict[str, Any] = {
             HTTP_REQUEST_METHOD: "GET",
-            URL_FULL: redact_url(str(url)),
+            # A password in the supplier's URL never leaves in a span.
+            URL_FULL: str(url) if url.password is None else str(url.with_password("***")),
             SERVER_ADDRESS: url.host or "",
             ATTEMPT: attempt,
         }
@@ -312,7 +311,9 @@ class Tracing:
             attributes[SERVER_PORT] = url.port
         if attempt > 1:
             attributes[HTTP_REQUEST_RESEND_COUNT] = attempt - 1
-        span.set_attributes(attributes)
+        span = self._tracer.start_span(
+            "GET", context=call.context, kind=SpanKind.CLIENT, attributes=attributes
+        )
         call.attempts.append((attempt, span))
         _inject(headers, span.get_span_context())
 

@@ -224,6 +224,21 @@ async def test_broken_supplier_spends_both_attempts(
     assert [e.name for e in boreal.events] == ["backoff"]
 
 
+async def test_a_password_in_the_supplier_url_never_reaches_a_span(
+    start_traced: StartTraced, receiver: Receiver, lab: TestServer
+) -> None:
+    """``url.full`` of an attempt masks the password of the configured supplier URL."""
+    url = lab.make_url("").with_user("quoteflow").with_password("s3cret")
+    client = await start_traced(provider_url=str(url).rstrip("/"))
+    body = await quote(client)
+    trace = await receiver.trace_of(body["request_id"], spans=1 + 3 + 3)
+    attempts = [span for span in trace.spans if span.kind == CLIENT]
+    assert len(attempts) == 3
+    for attempt in attempts:
+        assert attempt.attributes["url.full"].startswith(f"http://quoteflow:***@{url.host}:")
+        assert "s3cret" not in str(attempt.attributes)
+
+
 async def test_a_supplier_not_retried_gets_a_no_retry_event(
     start_traced: StartTraced, receiver: Receiver
 ) -> None:
