@@ -40,7 +40,7 @@ import contextvars
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any, Final
 
 import attrs
@@ -122,6 +122,20 @@ _PROPAGATOR: Final = TraceContextTextMapPropagator()
 
 
 @attrs.define
+class _Request:
+    """The trace of one inbound request, as the seams below need it."""
+
+    span: Span
+    context: otel_context.Context | None
+    """The context of a recorded span's children; None when the request is not sampled."""
+    trace_id: str
+    """32 hex digits: for the bill and the log lines."""
+    traceparent: tuple[str, str]
+    """``traceparent`` before and after the span id: an unsampled attempt's header, ready."""
+    tracestate: str | None
+
+
+@attrs.define
 class _SupplierCall:
     """One traced supplier call: its span and the spans of the attempts sent so far."""
 
@@ -130,6 +144,12 @@ class _SupplierCall:
     attempts: list[tuple[int, Span]] = attrs.Factory(list)
 
 
+# The request's trace lives in context variables of ours, not in OpenTelemetry's
+# current context: nothing else in QuoteFlow reads that one, and reading ours is
+# a single lookup where the API's takes several calls — for every request the
+# sampler drops, that was most of what tracing cost (docs/benchmark.md).
+_REQUEST: contextvars.ContextVar[_Request] = contextvars.ContextVar("quoteflow_request_trace")
+"""The request being served (supplier calls run in tasks that inherit it)."""
 _CALL: contextvars.ContextVar[_SupplierCall] = contextvars.ContextVar("quoteflow_supplier_call")
 """The supplier call being traced in this task (each supplier call runs in a task of its own)."""
 
@@ -152,10 +172,11 @@ def _resource() -> Resource:
     return resource
 
 
-def _inject(headers: dict[str, str], context: SpanContext, span_id: int | None = None) -> None:
-    """Name ``context`` (or, with ``span_id``, an unrecorded child of it) in ``headers``."""
-    span = context.span_id if span_id is None else span_id
-    headers["traceparent"] = f"00-{context.trace_id:032x}-{span:016x}-{context.trace_flags:02x}"
+def _inject(headers: dict[str, str], context: SpanContext) -> None:
+    """Name the span of ``context`` in ``headers`` (W3C Trace Context, version 00)."""
+    headers["traceparent"] = (
+        f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    )
     if context.trace_state:
         headers["tracestate"] = context.trace_state.to_header()
 
@@ -237,8 +258,20 @@ class Tracing:
             context=parent,
             kind=SpanKind.SERVER,
         )
-        token = otel_context.attach(otel_trace.set_span_in_context(span, parent))
-        request[TRACE_ID] = f"{span.get_span_context().trace_id:032x}"
+        recording = span.is_recording()
+        context = span.get_span_context()
+        trace_id = f"{context.trace_id:032x}"
+        state = context.trace_state
+        token = _REQUEST.set(
+            _Request(
+                span,
+                otel_trace.set_span_in_context(span, parent) if recording else None,
+                trace_id,
+                (f"00-{trace_id}-", f"-{context.trace_flags:02x}"),
+                state.to_header() if state else None,
+            )
+        )
+        request[TRACE_ID] = trace_id
         status: int | None = None
         try:
             response = await handler(request)
@@ -248,10 +281,10 @@ class Tracing:
             status = exc.status
             raise
         finally:
-            if span.is_recording():
+            if recording:
                 self._describe_server_span(span, request, route, status)
-            span.end()
-            otel_context.detach(token)
+                span.end()
+            _REQUEST.reset(token)
 
     @staticmethod
     def _describe_server_span(
@@ -281,7 +314,9 @@ class Tracing:
 
     def circuit_open(self, supplier: str) -> None:
         """``supplier`` was not asked, its circuit being open: an event on the request's span."""
-        otel_trace.get_current_span().add_event("circuit_open", {SUPPLIER: supplier})
+        served = _REQUEST.get(None)
+        if served is not None:
+            served.span.add_event("circuit_open", {SUPPLIER: supplier})
 
     # -- supplier calls and their attempts ---------------------------------------
 
@@ -294,11 +329,14 @@ class Tracing:
         """An attempt is about to go out: start its span and name it in ``traceparent``."""
         call = _CALL.get(None)
         if call is None:
-            # Not sampled (or no request span at all): pass the trace on, with
-            # a span id of the attempt's own, and record nothing.
-            parent = otel_trace.get_current_span().get_span_context()
-            if parent.is_valid:
-                _inject(headers, parent, self._new_span_id())
+            # Not sampled: pass the trace on, with a span id of the attempt's
+            # own, and record nothing.
+            served = _REQUEST.get(None)
+            if served is not None:
+                before, after = served.traceparent
+                headers["traceparent"] = f"{before}{self._new_span_id():016x}{after}"
+                if served.tracestate is not None:
+                    headers["tracestate"] = served.tracestate
             return
         attributes: dict[str, Any] = {
             HTTP_REQUEST_METHOD: "GET",
@@ -330,18 +368,31 @@ class _TracedGateway:
         self._inner = inner
         self._tracer = tracer
 
-    async def quote(
+    def quote(
         self,
         trace: SupplierTrace,
         request: QuoteRequest,
         request_id: str,
         deadline: float,
-    ) -> SupplierQuote | Failure:
+    ) -> Coroutine[Any, Any, SupplierQuote | Failure]:
         """The wrapped call, in a span of its own when the request is sampled."""
-        if not otel_trace.get_current_span().is_recording():
-            return await self._inner.quote(trace, request, request_id, deadline)
+        served = _REQUEST.get(None)
+        if served is None or served.context is None:
+            # Not sampled: the inner call itself, without a coroutine around it
+            # that every one of its awaits would pass through.
+            return self._inner.quote(trace, request, request_id, deadline)
+        return self._traced(served.context, trace, request, request_id, deadline)
+
+    async def _traced(
+        self,
+        parent: otel_context.Context,
+        trace: SupplierTrace,
+        request: QuoteRequest,
+        request_id: str,
+        deadline: float,
+    ) -> SupplierQuote | Failure:
         span = self._tracer.start_span(
-            f"supplier {trace.supplier}", attributes={SUPPLIER: trace.supplier}
+            f"supplier {trace.supplier}", context=parent, attributes={SUPPLIER: trace.supplier}
         )
         call = _SupplierCall(span, otel_trace.set_span_in_context(span))
         token = _CALL.set(call)
@@ -423,7 +474,7 @@ class _TraceIdInLogs(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         fields = getattr(record, "fields", None)
         if fields is not None:
-            context = otel_trace.get_current_span().get_span_context()
-            if context.is_valid:
-                record.fields = {**fields, "trace_id": f"{context.trace_id:032x}"}
+            served = _REQUEST.get(None)
+            if served is not None:
+                record.fields = {**fields, "trace_id": served.trace_id}
         return True
