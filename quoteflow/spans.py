@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import random
 import threading
 import time
 from collections.abc import AsyncIterator, Coroutine
@@ -55,7 +56,6 @@ from opentelemetry.sdk.trace.export import (
     ConsoleSpanExporter,
     SpanExporter,
 )
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.semconv.attributes.http_attributes import (
     HTTP_REQUEST_METHOD,
@@ -199,7 +199,6 @@ class Tracing:
         self.provider: TracerProvider | None = None
         """Made at start-up (``running``): its batch processors start threads."""
         self._tracer: otel_trace.Tracer = otel_trace.NoOpTracer()
-        self._new_span_id = RandomIdGenerator().generate_span_id
         self._log_filter = _TraceIdInLogs()
 
     # -- the app's lifetime ----------------------------------------------------
@@ -334,7 +333,9 @@ class Tracing:
             served = _REQUEST.get(None)
             if served is not None:
                 before, after = served.traceparent
-                headers["traceparent"] = f"{before}{self._new_span_id():016x}{after}"
+                # As the SDK's id generator makes them (random, never all zeros).
+                span_id = random.getrandbits(64) or 1
+                headers["traceparent"] = f"{before}{span_id:016x}{after}"
                 if served.tracestate is not None:
                     headers["tracestate"] = served.tracestate
             return
