@@ -6,10 +6,12 @@ workload, sets the lab's latency and drives the two contenders in turn with wrk,
 interleaved A B B A so a noisy neighbour hurts both alike. Every run records
 wrk's counts and per-status latency histograms, the CPU time of the service,
 the lab and wrk itself, and what the lab saw. After each workload a normal
-request must still get all three quotes from both. Last, the fleet section
+request must still get all three quotes from both. Then the abuse section
+(``bench/connections.py``, issue 18): normal callers' goodput while an
+attacker hoards 3,000 idle and 100 dribbling connections. Then the fleet section
 (``bench/fleet.py``, issue 12): QuoteFlow under gunicorn with 2 workers and
 Redis against the single process, CPU per answered request and Redis commands
-per request; then the tracing section (``bench/tracing.py``, issue 22): CPU
+per request. Last, the tracing section (``bench/tracing.py``, issue 22): CPU
 per answered request with OpenTelemetry off, and on at 1 % and 100 %.
 
 Output: a table with each target of issue 5 marked met or not met,
@@ -37,7 +39,7 @@ from typing import Any
 
 import attrs
 
-from bench import fleet, report, tracing
+from bench import connections, fleet, report, tracing
 from bench.procs import (
     BenchError,
     Service,
@@ -111,7 +113,7 @@ def parse_options(argv: Sequence[str]) -> Options:
     if duration < 1 or rounds < 1:
         parser.error("--duration must be at least 1 and --rounds at least 1")
     only = tuple(name for name in args.only.split(",") if name)
-    known = [w.name for w in all_workloads(Limits(), 1)] + ["fleet", "tracing"]
+    known = [w.name for w in all_workloads(Limits(), 1)] + ["fleet", "abuse", "tracing"]
     if unknown := [name for name in only if name not in known]:
         parser.error(f"unknown workload {', '.join(unknown)}; choose from {', '.join(known)}")
     return Options(
@@ -571,6 +573,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench.warm_up()
         for workload in workloads:
             results["workloads"][workload.name] = bench.run_workload(workload)
+        if not options.only or "abuse" in options.only:
+            results["abuse"] = connections.run_abuse(bench)
         if not options.only or "fleet" in options.only:
             results["fleet"] = fleet.run_fleet(bench)
         if not options.only or "tracing" in options.only:
@@ -592,6 +596,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["fleet"], results["summary"].get("overload", {}).get("quoteflow")
         )
         results["summary"]["targets"] += fleet.targets(results["summary"]["fleet"])
+    if "abuse" in results:
+        results["summary"]["abuse"] = connections.summarize(results["abuse"])
+        results["summary"]["targets"] += connections.targets(results["summary"]["abuse"])
     if "tracing" in results:
         results["summary"]["tracing"] = tracing.summarize(results["tracing"])
         results["summary"]["targets"] += tracing.targets(results["summary"]["tracing"])
