@@ -29,6 +29,7 @@ from quoteflow.auth import ApiKeys
 from quoteflow.config import Settings
 from quoteflow.tracing import tracing_from_environ
 from tests.conftest import TEST_BUDGET, TEST_CONNECT_TIMEOUT
+from tests.fakes import FakeSuppliers
 from tests.otlp import CLIENT, ERROR, INTERNAL, SERVER, Receiver
 from tests.process import free_port, quoteflow_process
 
@@ -344,6 +345,24 @@ async def test_an_inbound_traceparent_is_continued_to_the_suppliers(
             trace_id, span_id, flags = span_id_of(seen["traceparent"])
             assert (trace_id, flags) == (INBOUND_TRACE, True)
             assert span_id in attempts
+
+
+@pytest.mark.parametrize("flags", ["01", "00"])
+async def test_the_callers_tracestate_reaches_every_attempt(
+    start_traced: StartTraced, suppliers: FakeSuppliers, flags: str
+) -> None:
+    """``tracestate`` goes on with the trace to every supplier, sampled or not."""
+    client = await start_traced(provider_url=suppliers.url)
+    inbound = INBOUND.removesuffix("01") + flags
+    body = await quote(client, traceparent=inbound, tracestate="vendor=a1,other=b2")
+    assert body["explain"]["trace_id"] == INBOUND_TRACE
+    assert len(suppliers.received) == 3
+    for received in suppliers.received:
+        trace_id, span_id, sampled = span_id_of(received.headers["traceparent"])
+        assert (trace_id, sampled) == (INBOUND_TRACE, flags == "01")
+        assert span_id != INBOUND_SPAN
+        assert received.headers["tracestate"] == "vendor=a1,other=b2"
+        assert received.request_id == body["request_id"]
 
 
 async def test_a_request_not_sampled_passes_its_trace_on_and_exports_nothing(
