@@ -102,6 +102,7 @@ def create_app(
     app[handlers.READY] = [True]
     app.on_shutdown.append(_stop_being_ready)
     if tracer is not None:
+        app[handlers.CURRENT_TRACE] = tracer
         # Before the session: the last spans are flushed once every call has ended.
         app.cleanup_ctx.append(tracer.running)
     if settings.redis_url is not None:

@@ -69,7 +69,7 @@ from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from yarl import URL
 
-from quoteflow.handlers import REQUEST_ID, TRACE_ID
+from quoteflow.handlers import REQUEST_ID
 from quoteflow.logs import log_event
 from quoteflow.models import (
     OK,
@@ -117,6 +117,7 @@ The deadline's timer is the event loop's, whose clock (uvloop's) moves in
 millisecond steps; a call cancelled well before it was cancelled by the caller
 leaving."""
 
+_NO_PARENT: Final = otel_context.Context()
 _PROPAGATOR: Final = TraceContextTextMapPropagator()
 """W3C Trace Context only, whatever ``OTEL_PROPAGATORS`` says: it is what suppliers read."""
 
@@ -249,14 +250,11 @@ class Tracing:
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """A server span around every request, whatever answers it (refusals too)."""
         headers = request.headers
-        parent = _PROPAGATOR.extract(headers) if "traceparent" in headers else None
-        resource = request.match_info.route.resource
-        route = resource.canonical if resource is not None else None
-        span = self._tracer.start_span(
-            f"{request.method} {route}" if route else request.method,
-            context=parent,
-            kind=SpanKind.SERVER,
-        )
+        # Without a caller's trace, an empty context: the SDK then looks no
+        # further for a parent (OpenTelemetry's current context is not ours).
+        parent = _PROPAGATOR.extract(headers) if "traceparent" in headers else _NO_PARENT
+        # Named once it is known to be recorded (no built-in sampler reads the name).
+        span = self._tracer.start_span("HTTP", context=parent, kind=SpanKind.SERVER)
         recording = span.is_recording()
         context = span.get_span_context()
         trace_id = f"{context.trace_id:032x}"
@@ -270,7 +268,6 @@ class Tracing:
                 state.to_header() if state else None,
             )
         )
-        request[TRACE_ID] = trace_id
         status: int | None = None
         try:
             response = await handler(request)
@@ -281,14 +278,15 @@ class Tracing:
             raise
         finally:
             if recording:
-                self._describe_server_span(span, request, route, status)
+                self._describe_server_span(span, request, status)
                 span.end()
             _REQUEST.reset(token)
 
     @staticmethod
-    def _describe_server_span(
-        span: Span, request: web.Request, route: str | None, status: int | None
-    ) -> None:
+    def _describe_server_span(span: Span, request: web.Request, status: int | None) -> None:
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else None
+        span.update_name(f"{request.method} {route}" if route else request.method)
         attributes: dict[str, Any] = {
             HTTP_REQUEST_METHOD: request.method,
             URL_PATH: request.path,
@@ -310,6 +308,11 @@ class Tracing:
                 attributes[ERROR_TYPE] = str(status)
                 span.set_status(Status(StatusCode.ERROR))
         span.set_attributes(attributes)
+
+    def trace_id(self) -> str | None:
+        """The trace id of the request being served (``handlers.CurrentTrace``)."""
+        served = _REQUEST.get(None)
+        return None if served is None else served.trace_id
 
     def circuit_open(self, supplier: str) -> None:
         """``supplier`` was not asked, its circuit being open: an event on the request's span."""
