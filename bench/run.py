@@ -39,7 +39,7 @@ from typing import Any
 
 import attrs
 
-from bench import connections, fleet, report, tracing
+from bench import catalogue, connections, fleet, report, tracing
 from bench.procs import (
     BenchError,
     Service,
@@ -113,7 +113,12 @@ def parse_options(argv: Sequence[str]) -> Options:
     if duration < 1 or rounds < 1:
         parser.error("--duration must be at least 1 and --rounds at least 1")
     only = tuple(name for name in args.only.split(",") if name)
-    known = [w.name for w in all_workloads(Limits(), 1)] + ["fleet", "abuse", "tracing"]
+    known = [w.name for w in all_workloads(Limits(), 1)] + [
+        "fleet",
+        "abuse",
+        "catalogue",
+        "tracing",
+    ]
     if unknown := [name for name in only if name not in known]:
         parser.error(f"unknown workload {', '.join(unknown)}; choose from {', '.join(known)}")
     return Options(
@@ -577,6 +582,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["abuse"] = connections.run_abuse(bench)
         if not options.only or "fleet" in options.only:
             results["fleet"] = fleet.run_fleet(bench)
+        if not options.only or "catalogue" in options.only:
+            results["catalogue"] = catalogue.run_catalogue(bench)
         if not options.only or "tracing" in options.only:
             results["tracing"] = tracing.run_tracing(bench)
         results["explain"] = bench.explain_bills()
@@ -599,6 +606,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "abuse" in results:
         results["summary"]["abuse"] = connections.summarize(results["abuse"])
         results["summary"]["targets"] += connections.targets(results["summary"]["abuse"])
+    if "catalogue" in results:
+        results["summary"]["catalogue"] = catalogue.summarize(results["catalogue"])
     if "tracing" in results:
         results["summary"]["tracing"] = tracing.summarize(results["tracing"])
         results["summary"]["targets"] += tracing.targets(results["summary"]["tracing"])
@@ -607,6 +616,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = options.out_dir / "latest.json"
     out.write_text(json.dumps(results, indent=1))
     print(report.table(results, limits))
+    if "catalogue" in results:
+        print(catalogue.table(results["summary"]["catalogue"]))
     if options.plots:
         print(report.plot_all(results, options.out_dir))
     print(f"\nresults: {out}  ({results['elapsed_s']} s)")

@@ -14,10 +14,11 @@ from aiohttp import web
 
 from quoteflow import logs
 from quoteflow.app import ServingRunner, begin_draining, create_app
+from quoteflow.catalogue import Catalogue
 from quoteflow.config import Settings
 from quoteflow.connections import ConnectionLimits, reserve_descriptors
 from quoteflow.logs import log_event
-from quoteflow.options import ConfigError, loggable, parse_settings
+from quoteflow.options import ConfigError, load_catalogue, loggable, parse_settings
 from quoteflow.reload import reload_all
 from quoteflow.tracing import TracingConfig, tracing_from_environ
 
@@ -30,20 +31,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run QuoteFlow until interrupted; a bad setting exits 2 with one line."""
     try:
         settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
+        catalogue = load_catalogue(settings, os.environ)
         reserve_descriptors(ConnectionLimits.of(settings), settings.outbound_limit)
         tracing = tracing_from_environ(os.environ)
     except ConfigError as exc:
         print(f"quoteflow: error: {exc}", file=sys.stderr)
         return 2
     logs.configure(settings.log_level, settings.log_format)
-    log_event(log, logging.INFO, "starting", loggable(settings))
+    log_event(log, logging.INFO, "starting", loggable(settings, catalogue))
     try:
         loop = _new_event_loop(settings.event_loop)
     except ImportError:
         print("quoteflow: error: --event-loop uvloop: uvloop is not installed", file=sys.stderr)
         return 2
     try:
-        _serve(settings, tracing, loop)
+        _serve(settings, catalogue, tracing, loop)
     except OSError as exc:  # address in use, unknown host, no permission
         where = f"{settings.host}:{settings.port}"
         print(f"quoteflow: error: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
@@ -53,17 +55,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(
-    settings: Settings, tracing: TracingConfig | None, loop: asyncio.AbstractEventLoop
+    settings: Settings,
+    catalogue: Catalogue,
+    tracing: TracingConfig | None,
+    loop: asyncio.AbstractEventLoop,
 ) -> None:
     asyncio.set_event_loop(loop)
     try:
-        loop.run_until_complete(_run(settings, tracing))
+        loop.run_until_complete(_run(settings, catalogue, tracing))
     finally:
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 
 
-async def _run(settings: Settings, tracing: TracingConfig | None = None) -> None:
+async def _run(
+    settings: Settings, catalogue: Catalogue, tracing: TracingConfig | None = None
+) -> None:
     """Serve until SIGTERM or SIGINT; then drain, stop accepting and finish in-flight work.
 
     SIGHUP re-reads the files QuoteFlow serves from (``reload.py``).
@@ -74,7 +81,7 @@ async def _run(settings: Settings, tracing: TracingConfig | None = None) -> None
     2. The listener closes; requests in flight finish, each within its budget.
     3. The ``ClientSession`` closes. The process exits 0.
     """
-    app = create_app(settings, tracing=tracing)
+    app = create_app(settings, catalogue=catalogue, tracing=tracing)
     runner = ServingRunner(app)
     await runner.setup()
     try:
