@@ -107,10 +107,6 @@ async def test_hup_with_a_bad_file_keeps_the_fleet_and_a_good_one_moves_it(
         "QUOTEFLOW_REDIS_URL": redis_server.url,
         "QUOTEFLOW_REDIS_PREFIX": "catalogue-reload",
         "QUOTEFLOW_BUDGET": str(BUDGET_S),
-        # Booting workers take the CPU: a sync past the default 50 ms would fall
-        # back to per-worker limits (fleet mode's documented fallback, up to
-        # 2 x the limit) and hide what the reload itself enforces.
-        "QUOTEFLOW_REDIS_TIMEOUT": "0.3",
         "QUOTEFLOW_LOG_LEVEL": "warning",
         "PYTHONPATH": str(tmp_path),  # where lab_adapter lives
         "PYTHONDONTWRITEBYTECODE": "1",
