@@ -8,11 +8,13 @@ wrk's counts and per-status latency histograms, the CPU time of the service,
 the lab and wrk itself, and what the lab saw. After each workload a normal
 request must still get all three quotes from both. Then the abuse section
 (``bench/connections.py``, issue 18): normal callers' goodput while an
-attacker hoards 3,000 idle and 100 dribbling connections. Last, the fleet section
+attacker hoards 3,000 idle and 100 dribbling connections. Then the fleet section
 (``bench/fleet.py``, issue 12): QuoteFlow under gunicorn with 2 workers and
 Redis against the single process, CPU per answered request and Redis commands
-per request; and after it the callers section (``bench/callers.py``, issue 20):
-CPU per answered request with a caller's quota on against off, single and fleet.
+per request. Then the tracing section (``bench/tracing.py``, issue 22): CPU
+per answered request with OpenTelemetry off, and on at 1 % and 100 %. Last, the
+callers section (``bench/callers.py``, issue 20): CPU per answered request with
+a caller's quota on against off, single and fleet.
 
 Output: a table with each target of issue 5 marked met or not met,
 ``bench/results/latest.json`` and PNG plots beside it.
@@ -39,7 +41,7 @@ from typing import Any
 
 import attrs
 
-from bench import callers, catalogue, connections, fleet, report
+from bench import callers, catalogue, connections, fleet, report, tracing
 from bench.procs import (
     BenchError,
     Service,
@@ -117,6 +119,7 @@ def parse_options(argv: Sequence[str]) -> Options:
         "fleet",
         "abuse",
         "catalogue",
+        "tracing",
         "callers",
     ]
     if unknown := [name for name in only if name not in known]:
@@ -584,6 +587,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["fleet"] = fleet.run_fleet(bench)
         if not options.only or "catalogue" in options.only:
             results["catalogue"] = catalogue.run_catalogue(bench)
+        if not options.only or "tracing" in options.only:
+            results["tracing"] = tracing.run_tracing(bench)
         if not options.only or "callers" in options.only:
             results["callers"] = callers.run_callers(bench)
         results["explain"] = bench.explain_bills()
@@ -608,6 +613,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["summary"]["targets"] += connections.targets(results["summary"]["abuse"])
     if "catalogue" in results:
         results["summary"]["catalogue"] = catalogue.summarize(results["catalogue"])
+    if "tracing" in results:
+        results["summary"]["tracing"] = tracing.summarize(results["tracing"])
+        results["summary"]["targets"] += tracing.targets(results["summary"]["tracing"])
     if "callers" in results:
         results["summary"]["callers"] = callers.summarize(results["callers"])
         results["summary"]["targets"] += callers.targets(results["summary"]["callers"])

@@ -15,6 +15,7 @@ import os
 import shlex
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -43,6 +44,10 @@ from quoteflow.roster import SupplierRoster
 from quoteflow.service import QuoteService, SupplierGateway
 from quoteflow.slots import OutboundLimiter, OutboundSlots
 from quoteflow.supplier import SupplierClient, session_timeout
+from quoteflow.tracing import TracingConfig, tracing_from_environ
+
+if TYPE_CHECKING:
+    from quoteflow.spans import Tracing
 
 log = logging.getLogger("quoteflow")
 
@@ -67,6 +72,7 @@ def create_app(
     environ: Mapping[str, str] = os.environ,
     gateway: GatewayFactory | None = None,
     host_metrics: bool = False,
+    tracing: TracingConfig | None = None,
 ) -> web.Application:
     """Build the QuoteFlow app; no I/O happens until it starts.
 
@@ -79,8 +85,16 @@ def create_app(
     ``host_metrics``: ``/metrics`` reports every worker of the host
     (prometheus-client's multiprocess mode, ``hostmetrics.py``); the request
     path is the same either way.
+    ``tracing``: OpenTelemetry spans (``tracing.tracing_from_environ``); None, off.
     """
     middlewares = [handlers.error_middleware]
+    tracer: Tracing | None = None
+    if tracing is not None:
+        # Imported only when on: with tracing off, OpenTelemetry is never loaded.
+        from quoteflow.spans import Tracing
+
+        tracer = Tracing(tracing)
+        middlewares.insert(0, tracer.middleware)  # outermost: it sees every answer
     callers = _callers(settings)
     if callers is not None:
         # Without keys there is nothing to check: no layer to pass per request.
@@ -116,10 +130,14 @@ def create_app(
             register(app, CallersFile(gate, callers.source, environ))
     app[handlers.READY] = [True]
     app.on_shutdown.append(_stop_being_ready)
+    if tracer is not None:
+        app[handlers.CURRENT_TRACE] = tracer
+        # Before the session: the last spans are flushed once every call has ended.
+        app.cleanup_ctx.append(tracer.running)
     if settings.redis_url is not None:
         # Before the session: closed after it, once no attempt holds a slot.
         app.cleanup_ctx.append(_coordination)
-    app.cleanup_ctx.append(_supplier_session(gateway))
+    app.cleanup_ctx.append(_supplier_session(gateway, tracer))
     handlers.add_routes(app, callers=callers is not None)
     return app
 
@@ -190,6 +208,7 @@ async def gunicorn_app() -> web.AppRunner:
         settings = settings_from_environ(os.environ)
         catalogue = load_catalogue(settings, os.environ)
         reserve_descriptors(ConnectionLimits.of(settings), settings.outbound_limit)
+        tracing = tracing_from_environ(os.environ)
     except ConfigError as exc:
         print(f"quoteflow: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(WORKER_BOOT_ERROR) from None
@@ -209,7 +228,9 @@ async def gunicorn_app() -> web.AppRunner:
         "starting",
         {**fields, "worker_pid": os.getpid(), "host_metrics": host_metrics},
     )
-    return DrainingRunner(create_app(settings, catalogue=catalogue, host_metrics=host_metrics))
+    return DrainingRunner(
+        create_app(settings, catalogue=catalogue, host_metrics=host_metrics, tracing=tracing)
+    )
 
 
 def _without_config(argv: Sequence[str] = sys.argv) -> str:
@@ -342,6 +363,7 @@ def _limits(app: web.Application) -> tuple[OutboundLimiter, Mapping[str, RetryLi
 
 def _supplier_session(
     gateway: GatewayFactory | None,
+    tracer: Tracing | None,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def session_ctx(app: web.Application) -> AsyncIterator[None]:
         """The app's one ``ClientSession``, open from start-up to shutdown."""
@@ -364,15 +386,24 @@ def _supplier_session(
             slots, budgets = _limits(app)
             roster = app[ROSTER]
             client = SupplierClient(
-                session, settings, roster.catalogue, slots=slots, retry_budgets=budgets
+                session,
+                settings,
+                roster.catalogue,
+                slots=slots,
+                retry_budgets=budgets,
+                attempts=tracer,
             )
             telemetry = app[handlers.TELEMETRY]
+            supplier_gateway: SupplierGateway = gateway(client) if gateway else client
+            if tracer is not None:
+                supplier_gateway = tracer.gateway(supplier_gateway)
             service = QuoteService(
-                gateway(client) if gateway else client,
+                supplier_gateway,
                 roster.lineup(telemetry),
                 budget=settings.budget,
                 inbound_limit=settings.inbound_limit,
                 answer_reserve=settings.answer_reserve,
+                circuit_open=None if tracer is None else tracer.circuit_open,
             )
             app[SUPPLIER_CLIENT] = client
             app[handlers.SERVICE] = service

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import attrs
@@ -85,10 +85,13 @@ class QuoteService:
         budget: float,
         inbound_limit: int,
         answer_reserve: float = 0.0,
+        circuit_open: Callable[[str], None] | None = None,
     ) -> None:
         self._gateway = gateway
         self.lineup = lineup
         """Who is asked; replaced whole by ``use``, read once by each request."""
+        self._circuit_open = circuit_open
+        """Told of each supplier not asked because its circuit is open (tracing)."""
         self._budget = budget
         self._inbound_limit = inbound_limit
         self._answer_reserve = answer_reserve
@@ -156,6 +159,8 @@ class QuoteService:
                             # Not asked at all: the answer waits only for the others.
                             trace.stopped = STOPPED_CIRCUIT_OPEN
                             outcomes[trace.supplier] = Failure(trace.supplier, CIRCUIT_OPEN)
+                            if self._circuit_open is not None:
+                                self._circuit_open(trace.supplier)
                             continue
                         gateway_call = self._gateway.quote(trace, request, request_id, deadline)
                         asked.append((trace, permit, group.create_task(gateway_call)))

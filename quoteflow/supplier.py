@@ -24,7 +24,7 @@ import logging
 import random
 import time
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import aiohttp
 import attrs
@@ -79,6 +79,14 @@ NEVER_RETRIED: Final = (aiohttp.ClientSSLError,)
 
 TRUNCATION_CAUSES: Final = (ContentLengthError, TransferEncodingError)
 """Causes of a ``ClientPayloadError`` that mean "the body was cut short"."""
+
+
+class AttemptListener(Protocol):
+    """Told of each attempt as it is about to be sent (tracing: ``spans.Tracing``)."""
+
+    def sending(self, attempt: int, url: URL, headers: dict[str, str]) -> None:
+        """Attempt number ``attempt`` goes to ``url``; ``headers`` may gain headers of its own."""
+        ...
 
 
 @attrs.frozen
@@ -192,6 +200,7 @@ class SupplierClient:
     ``slots`` and ``retry_budgets`` (one per supplier) are injected by the
     composition root: in-memory for one process, Redis-backed in fleet mode.
     Left out, they are this process's own ``OutboundSlots`` and ``RetryBudget`` objects.
+    ``attempts`` is told of every attempt before it is sent (tracing), if given.
     """
 
     def __init__(
@@ -202,8 +211,10 @@ class SupplierClient:
         *,
         slots: OutboundLimiter | None = None,
         retry_budgets: Mapping[str, RetryLimiter] | None = None,
+        attempts: AttemptListener | None = None,
     ) -> None:
         self._session = session
+        self._listener = attempts
         self._settings = settings
         if slots is None:
             slots = OutboundSlots(settings.outbound_limit, catalogue.shares())
@@ -326,6 +337,8 @@ class SupplierClient:
                 }
                 if state.headers:
                     headers.update(state.headers)  # the catalogue's (never QuoteFlow's own)
+                if self._listener is not None:
+                    self._listener.sending(attempt, call.url, headers)  # e.g. traceparent
                 fetched = await self._fetch(state, call, headers)
             finally:
                 self._slots.release(trace.supplier)
