@@ -360,6 +360,26 @@ async def test_a_head_only_begun_is_idle_and_gets_its_408_when_it_makes_room(
             closing.close()
 
 
+async def test_a_request_pipelined_behind_an_answered_one_is_never_cut(
+    suppliers: FakeSuppliers,
+) -> None:
+    """Two requests in one write: after the first answer the connection is still busy, not idle."""
+    suppliers.always("boreal", delay(0.4, quote()))
+    async with serving(suppliers, max_connections=1, budget=0.8) as runner:
+        port = port_of(runner)
+        reader, writer = await connect(port)
+        writer.write(HEALTH_REQUEST + QUOTE_REQUEST)  # the quote takes 0.4 s
+        assert (await answer(reader))[0] == 200
+        other_reader, other_writer = await connect(port)  # at the cap: no idle one to close
+        status, _, body = await asyncio.wait_for(answer(reader), 2.0)
+        assert status == 200
+        assert json.loads(body)["best"]["supplier"] == "boreal"
+        other_writer.write(HEALTH_REQUEST)
+        assert (await asyncio.wait_for(answer(other_reader), 2.0))[0] == 200
+        for closing in (writer, other_writer):
+            closing.close()
+
+
 async def test_when_every_connection_is_busy_a_new_one_waits(suppliers: FakeSuppliers) -> None:
     """With every place taken by a request in progress, the next connection waits, then answers."""
     async with serving(suppliers, max_connections=2, body_timeout=0.8) as runner:
