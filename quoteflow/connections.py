@@ -34,10 +34,11 @@ that arrives whole in one read, as nearly all do, arms no timer.
 What this leans on in aiohttp 3.x beyond its public API, each pinned by
 ``tests/test_connections.py`` on real sockets: a ``Server`` passes its
 handler arguments (``_kwargs``) to every ``RequestHandler``; a handler counts
-the heads it parsed (``_request_count``), queues them (``_messages``), calls
-``log_access`` once per answer, and re-arms its keep-alive check for
-``_next_keepalive_close_time`` when it fires early; a site keeps its server,
-TLS context and backlog (``_server``, ``_ssl_context``, ``_backlog``).
+the heads it parsed (``_request_count``), queues them with their bodies
+(``_messages``), calls ``log_access`` once per answer, and re-arms its
+keep-alive check for ``_next_keepalive_close_time`` when it fires early; a
+site keeps its server, TLS context and backlog (``_server``,
+``_ssl_context``, ``_backlog``).
 """
 
 from __future__ import annotations
@@ -262,7 +263,7 @@ class GuardedServer(web.Server):
 class GuardedHandler(RequestHandler):
     """aiohttp's protocol of one connection, telling its ``GuardedServer`` where it stands."""
 
-    __slots__ = ("_guard", "between_requests", "counted", "head_timer")
+    __slots__ = ("_body", "_guard", "between_requests", "counted", "head_timer")
 
     def __init__(self, guard: GuardedServer, **kwargs: Any) -> None:
         super().__init__(guard, **kwargs)
@@ -273,6 +274,8 @@ class GuardedHandler(RequestHandler):
         """Takes one of the ``max_connections`` places."""
         self.head_timer: asyncio.TimerHandle | None = None
         """Armed from a head's first byte until the head is whole."""
+        self._body: Any = None
+        """The body of the last request parsed (aiohttp's ``StreamReader``), once one was."""
 
     def data_received(self, data: bytes) -> None:
         """aiohttp parses ``data``; a head begun arms the header timer; a whole head stops it."""
@@ -280,10 +283,14 @@ class GuardedHandler(RequestHandler):
             super().data_received(data)
             return
         heads = self._request_count
+        # An answer can go out before its request's body is all in (a 405, a
+        # 413): what comes next is that body, not a head.
+        in_body = self._body is not None and not self._body.is_eof()
         super().data_received(data)
         if self._request_count != heads:
+            self._body = self._messages[-1][1]
             self._guard.busy(self)
-        elif data and self.head_timer is None and not self._force_close:
+        elif data and self.head_timer is None and not self._force_close and not in_body:
             self._head_began()
 
     def _head_began(self) -> None:

@@ -309,6 +309,19 @@ async def test_a_well_behaved_keep_alive_client_is_never_cut(suppliers: FakeSupp
         assert metric(await scrape(port), 'quoteflow_connections_closed_total{reason="room"}') == 0
 
 
+async def test_a_body_that_arrives_after_its_answer_is_no_head(suppliers: FakeSuppliers) -> None:
+    """Body bytes read after an early answer (here a 405) arm no header timeout: no stray 408."""
+    async with serving(suppliers, header_timeout=0.3, idle_timeout=5) as runner:
+        reader, writer = await connect(port_of(runner))
+        writer.write(b"POST /health HTTP/1.1\r\nHost: quoteflow\r\nContent-Length: 5\r\n\r\n")
+        assert (await answer(reader))[0] == 405  # answered before its body came
+        writer.write(b"hello")
+        await asyncio.sleep(0.3 + 0.5)  # past the header timeout, well within the idle one
+        writer.write(HEALTH_REQUEST)  # the connection is still the client's
+        assert (await asyncio.wait_for(answer(reader), 1.0))[0] == 200
+        writer.close()
+
+
 # -- the cap -----------------------------------------------------------------------
 
 
