@@ -418,6 +418,52 @@ async def test_when_every_connection_is_busy_a_new_one_waits(suppliers: FakeSupp
         assert metric(await scrape(port), "quoteflow_accept_pauses_total") == 1
 
 
+async def test_connections_accepted_together_while_full_all_wait_their_turn(
+    suppliers: FakeSuppliers,
+) -> None:
+    """The one place busy, four connections accepted in one batch: none closes another."""
+    async with serving(suppliers, max_connections=1, body_timeout=0.5) as runner:
+        port = port_of(runner)
+        busy_reader, busy_writer = await connect(port)
+        busy_writer.write(SLOW_BODY_HEAD)
+        await asyncio.sleep(0.05)
+        # Connected at once: asyncio's loop accepts them all in one turn, then
+        # makes their protocols one by one, the first pausing the accepting.
+        batch = await asyncio.gather(*(connect(port) for _ in range(4)))
+        await asyncio.sleep(0.05)
+        for _, writer in batch:
+            writer.write(HEALTH_REQUEST)
+        for reader, _ in batch:
+            assert (await asyncio.wait_for(answer(reader), 2.0))[0] == 200
+        assert (await answer(busy_reader))[0] == 408
+        for _, writer in [*batch, (busy_reader, busy_writer)]:
+            writer.close()
+
+
+async def test_accepting_resumes_when_a_busy_connection_is_dropped(
+    suppliers: FakeSuppliers,
+) -> None:
+    """Paused with every place busy: a caller hanging up mid-request makes room, no answer needed."""
+    async with serving(suppliers, max_connections=2, body_timeout=10) as runner:
+        port = port_of(runner)
+        held = []
+        for _ in range(2):  # both places busy until their bodies' timeout, 10 s away
+            busy_reader, busy_writer = await connect(port)
+            busy_writer.write(SLOW_BODY_HEAD)
+            held.append((busy_reader, busy_writer))
+            await asyncio.sleep(0.05)
+        silent = await connect(port)  # accepted, then accepting stops; it never sends a byte
+        await asyncio.sleep(0.05)
+        assert runner.gate.paused
+        for _, busy_writer in held:
+            busy_writer.close()  # hung up mid-request: closed, never answered
+        reader, writer = await connect(port)
+        writer.write(HEALTH_REQUEST)
+        assert (await asyncio.wait_for(answer(reader), 2.0))[0] == 200
+        for closing in (silent[1], writer):
+            closing.close()
+
+
 async def test_stopping_while_paused_closes_the_listener(suppliers: FakeSuppliers) -> None:
     """Shutdown with accepting paused: requests in progress answer, the port then refuses."""
     async with serving(suppliers, max_connections=1, body_timeout=0.5) as runner:
