@@ -477,6 +477,49 @@ async def test_back_from_its_own_a_worker_asks_for_no_more_than_its_safe_share(
                         worker.slots.release(supplier)
 
 
+async def test_back_after_a_redis_restart_the_first_worker_still_counts_the_other(
+    redis_server: RedisServer,
+) -> None:
+    """Redis restarted empty: the first worker back is alone in its eyes, yet keeps to 3.
+
+    Each worker runs 3 attempts on its own and has 3 more waiting. Redis'
+    first answer counts one live worker (the other has not tried again yet):
+    dividing by that, the first back would run 6 while the other still runs 3.
+    """
+    suppliers = ("atlas", "boreal", "cedar")
+    async with workers(redis_server, budget=0.3) as both:
+        await wait_until(lambda: all(w.slots.workers == 2 for w in both), within=1.0)
+        await asyncio.to_thread(redis_server.stop)
+        try:
+            await wait_until(lambda: all(w.slots.mode == LOCAL for w in both), within=1.5)
+            await wait_until(lambda: all(w.slots.local_limit == 3 for w in both), within=1.5)
+            for worker in both:
+                for supplier in suppliers:
+                    await asyncio.wait_for(worker.slots.acquire(supplier), 0.1)
+            waiting = [
+                asyncio.create_task(worker.slots.acquire(supplier))
+                for worker in both
+                for supplier in suppliers
+            ]
+        finally:
+            await asyncio.to_thread(redis_server.start)  # same port, every key lost
+        try:
+            running = 0
+            while not all(w.up for w in both) or running < 20:  # and 100 ms more
+                assert [w.slots.in_use for w in both] == [3, 3]
+                running += all(w.up for w in both)
+                await asyncio.sleep(0.005)
+            assert not any(task.done() for task in waiting)  # the limit is full
+        finally:
+            for task in waiting:
+                task.cancel()
+            await asyncio.gather(*waiting, return_exceptions=True)
+            for worker in both:
+                for supplier in suppliers:
+                    for _ in range(worker.slots.held(supplier)):
+                        worker.slots.release(supplier)
+
+
 async def test_on_its_own_a_worker_keeps_each_suppliers_share(redis_server: RedisServer) -> None:
     """Alone and cut off from Redis, 6 boreal attempts at once: 4 run (its share), 2 wait."""
     async with workers(redis_server, count=1) as (worker,):
