@@ -221,7 +221,9 @@ class GuardedServer(web.Server):
         if handler.counted:
             handler.counted = False
             self.open -= 1
-        if self.gate.paused and self.open < self.limit:
+        # Room, or an idle connection to make it (one accepted in the batch
+        # that filled the last place, over the cap, and silent since).
+        if self.gate.paused and not self.full():
             self.gate.resume()
 
     def idle(self, handler: GuardedHandler) -> None:

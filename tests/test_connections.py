@@ -464,6 +464,30 @@ async def test_accepting_resumes_when_a_busy_connection_is_dropped(
             closing.close()
 
 
+async def test_accepting_resumes_when_an_idle_connection_could_make_room(
+    suppliers: FakeSuppliers,
+) -> None:
+    """Paused over the cap with silent connections of one batch: a dropped request resumes it."""
+    async with serving(suppliers, max_connections=2, body_timeout=10, idle_timeout=10) as runner:
+        port = port_of(runner)
+        held = []
+        for _ in range(2):  # both places busy until their bodies' timeout, 10 s away
+            busy_reader, busy_writer = await connect(port)
+            busy_writer.write(SLOW_BODY_HEAD)
+            held.append((busy_reader, busy_writer))
+            await asyncio.sleep(0.05)
+        silent = await asyncio.gather(*(connect(port) for _ in range(3)))  # accepted together
+        await asyncio.sleep(0.05)
+        assert runner.gate.paused
+        for _, busy_writer in held:
+            busy_writer.close()  # 3 silent ones still open, over the cap: they can make room
+        reader, writer = await connect(port)
+        writer.write(HEALTH_REQUEST)
+        assert (await asyncio.wait_for(answer(reader), 2.0))[0] == 200
+        for closing in [writer, *(w for _, w in silent)]:
+            closing.close()
+
+
 async def test_stopping_while_paused_closes_the_listener(suppliers: FakeSuppliers) -> None:
     """Shutdown with accepting paused: requests in progress answer, the port then refuses."""
     async with serving(suppliers, max_connections=1, body_timeout=0.5) as runner:
