@@ -443,7 +443,7 @@ async def test_connections_accepted_together_while_full_all_wait_their_turn(
 async def test_accepting_resumes_when_a_busy_connection_is_dropped(
     suppliers: FakeSuppliers,
 ) -> None:
-    """Paused with every place busy: a caller hanging up mid-request makes room, no answer needed."""
+    """Paused with every place busy: a caller hanging up mid-request makes room, unanswered."""
     async with serving(suppliers, max_connections=2, body_timeout=10) as runner:
         port = port_of(runner)
         held = []
