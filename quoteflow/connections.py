@@ -401,7 +401,11 @@ class AcceptGate:
             while self._held:
                 held, tls, backlog = self._held[-1]
                 try:
-                    opened = await loop.create_server(server, sock=held, ssl=tls, backlog=backlog)
+                    # Made without serving, which does not wait: a ``close``
+                    # cannot come between the server and our note of it.
+                    opened = await loop.create_server(
+                        server, sock=held, ssl=tls, backlog=backlog, start_serving=False
+                    )
                 except (OSError, ValueError) as exc:  # the socket, or a loop refusing it
                     # Still paused, the socket still held: the next answer or
                     # closed connection tries again.
@@ -410,6 +414,7 @@ class AcceptGate:
                 self._held.pop()
                 assert self._servers is not None
                 self._servers.append((opened, tls, backlog))
+                await opened.start_serving()
         finally:
             self._reopening = None
         self.paused = False

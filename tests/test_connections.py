@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -504,6 +505,40 @@ async def test_stopping_while_paused_closes_the_listener(suppliers: FakeSupplier
     with pytest.raises(ConnectionRefusedError):
         await connect(port)
     for _, writer in held:
+        writer.close()
+
+
+async def test_stopping_just_as_accepting_resumes_leaves_nothing_serving(
+    suppliers: FakeSuppliers,
+) -> None:
+    """Shutdown while the gate's new server is starting: that server is closed too, not leaked."""
+    runner = ServingRunner(
+        create_app(Settings(provider_url=suppliers.url, max_connections=1, body_timeout=5))
+    )
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        port = port_of(runner)
+        held = []
+        for _ in range(2):  # the second finds the one place busy: accepting stops
+            _, writer = await connect(port)
+            writer.write(SLOW_BODY_HEAD)
+            held.append(writer)
+            await asyncio.sleep(0.05)
+        assert runner.gate.paused
+        runner.gate.resume()  # as an answer going out would
+        await asyncio.sleep(0)  # the new server exists and is starting: stop now
+    finally:
+        await runner.cleanup()
+    ours = [  # the fake suppliers' server is still up, on its own port
+        server
+        for server in gc.get_objects()
+        if isinstance(server, asyncio.Server)
+        and server.is_serving()
+        and any(sock.fileno() == -1 or sock.getsockname()[1] == port for sock in server.sockets)
+    ]
+    assert ours == []
+    for writer in held:
         writer.close()
 
 
