@@ -314,10 +314,11 @@ class GuardedHandler(RequestHandler):
             self._guard.idle(self)
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        """The socket is gone: no header timeout to wait for."""
+        """The socket is gone: no header timeout to wait for, no body to remember."""
         if self.head_timer is not None:
             self.head_timer.cancel()
             self.head_timer = None
+        self._body = None  # it refers back to this handler: freed without waiting for the gc
         super().connection_lost(exc)
 
     def end(self) -> None:

@@ -23,6 +23,7 @@ from aiohttp import web
 from quoteflow.app import ServingRunner, create_app
 from quoteflow.cli import main
 from quoteflow.config import Settings
+from quoteflow.connections import GuardedHandler
 from quoteflow.options import ConfigError, parse_settings
 from tests.conftest import TEST_CONNECT_TIMEOUT
 from tests.fakes import FakeSuppliers, delay, quote
@@ -321,6 +322,32 @@ async def test_a_body_that_arrives_after_its_answer_is_no_head(suppliers: FakeSu
         writer.write(HEALTH_REQUEST)  # the connection is still the client's
         assert (await asyncio.wait_for(answer(reader), 1.0))[0] == 200
         writer.close()
+
+
+async def test_a_closed_connection_is_freed_without_waiting_for_the_gc(
+    suppliers: FakeSuppliers,
+) -> None:
+    """After a request with a body, a closed connection's handler is in no reference cycle."""
+
+    def handlers() -> int:
+        return sum(1 for thing in gc.get_objects() if isinstance(thing, GuardedHandler))
+
+    async with serving(suppliers) as runner:
+        reader, writer = await connect(port_of(runner))
+        writer.write(QUOTE_REQUEST)
+        assert (await answer(reader))[0] == 200
+        gc.collect()
+        gc.disable()
+        try:
+            assert handlers() == 1
+            writer.close()
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if handlers() == 0:
+                    break
+            assert handlers() == 0
+        finally:
+            gc.enable()
 
 
 # -- the cap -----------------------------------------------------------------------
