@@ -292,7 +292,7 @@ async def test_a_well_behaved_keep_alive_client_is_never_cut(suppliers: FakeSupp
     """Requests longer than both timeouts, and a body slower than the header timeout, all answer."""
     suppliers.always("boreal", delay(0.5, quote()))
     async with serving(
-        suppliers, header_timeout=0.2, idle_timeout=0.3, budget=0.8, max_connections=2
+        suppliers, header_timeout=0.2, idle_timeout=0.45, budget=0.8, max_connections=2
     ) as runner:
         port = port_of(runner)
         reader, writer = await connect(port)
