@@ -26,10 +26,12 @@ listening socket from the runner we hand it) behave the same:
   is never cut.
 
 A request pays two method calls (its head parsed, its answer out), a few
-attribute checks and two ordered-dict operations: ``GuardedServer`` keeps the
-idle connections in the order they became idle (``busy``/``idle``), so making
-room takes the oldest in O(1) instead of a scan of every connection. A head
-that arrives whole in one read, as nearly all do, arms no timer.
+attribute checks (one asks whether the last request's body is all in: bytes
+after an early answer are that body, not a head) and two ordered-dict
+operations: ``GuardedServer`` keeps the idle connections in the order they
+became idle (``busy``/``idle``), so making room takes the oldest in O(1)
+instead of a scan of every connection. A head that arrives whole in one read,
+as nearly all do, arms no timer.
 
 What this leans on in aiohttp 3.x beyond its public API, each pinned by
 ``tests/test_connections.py`` on real sockets: a ``Server`` passes its
