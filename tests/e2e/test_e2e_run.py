@@ -174,7 +174,9 @@ async def test_a_child_that_cannot_start_stops_the_other() -> None:
     running, reader = await start_pair(lab_port, free_port())
     try:
         assert await asyncio.wait_for(running.process.wait(), 30) == 1
-        # Checked before the teardown, which would stop a QuoteFlow left behind.
+        # Checked before the teardown, which would stop a QuoteFlow left behind;
+        # the children hold the output pipe, so the reader ends once none is left.
+        await asyncio.wait_for(asyncio.shield(reader), 10)
         assert refuses(running.port)
         assert processes_mentioning(f"--port {running.port}") == []
     finally:
