@@ -20,11 +20,12 @@ from prometheus_client import CollectorRegistry
 
 from quoteflow import handlers, logs
 from quoteflow.breaker import Breakers
+from quoteflow.coalesce import CoalescingGateway
 from quoteflow.config import SUPPLIERS, Settings
 from quoteflow.fleet import Coordinator
 from quoteflow.hostmetrics import HostTelemetry
 from quoteflow.logs import log_event
-from quoteflow.observe import Telemetry
+from quoteflow.observe import PlainGauge, ReadCounter, Telemetry
 from quoteflow.options import ConfigError, loggable, metrics_dir, settings_from_environ
 from quoteflow.retry import RetryBudget, RetryLimiter
 from quoteflow.service import QuoteService, SupplierGateway
@@ -212,6 +213,27 @@ def _limits(app: web.Application) -> tuple[OutboundLimiter, dict[str, RetryLimit
     return slots, budgets
 
 
+def _sharing(settings: Settings, gateway: SupplierGateway, telemetry: Telemetry) -> SupplierGateway:
+    """``gateway`` behind coalescing, as configured; exactly ``gateway`` when it is off."""
+    if not settings.coalesce:
+        return gateway
+    coalescing = CoalescingGateway(gateway)
+    shared_calls = PlainGauge(
+        "quoteflow_coalesced_calls_in_flight", "Shared supplier calls running now (--coalesce)."
+    )
+    shared_calls.readers[()] = lambda: float(coalescing.in_flight)
+    telemetry.add(
+        shared_calls,
+        ReadCounter(
+            "quoteflow_coalesced_joins",
+            "Supplier calls not sent because an identical one was in flight (--coalesce).",
+            ("supplier",),
+            lambda: {(supplier,): float(n) for supplier, n in coalescing.joins.items()},
+        ),
+    )
+    return coalescing
+
+
 def _supplier_session(
     gateway: GatewayFactory | None,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -251,7 +273,7 @@ def _supplier_session(
                     listener=telemetry.circuit_moved,
                 )
             service = QuoteService(
-                gateway(client) if gateway else client,
+                _sharing(settings, gateway(client) if gateway else client, telemetry),
                 budget=settings.budget,
                 inbound_limit=settings.inbound_limit,
                 answer_reserve=settings.answer_reserve,

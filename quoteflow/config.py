@@ -124,6 +124,8 @@ class Settings:
     """Time limit of every Redis call, seconds; past it the worker uses its own limits."""
     redis_prefix: str = attrs.field(default="quoteflow")
     """Prefix of QuoteFlow's Redis keys, so several fleets can share one Redis."""
+    coalesce: bool = attrs.field(default=False, validator=v.instance_of(bool))
+    """Share a supplier call in flight with every request that would send the same one."""
 
     @provider_url.validator
     def _check_provider_url(self, attribute: attrs.Attribute[str], value: str) -> None:

@@ -80,6 +80,10 @@ _OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     ),
     "redis_timeout": (float, "time limit of each Redis call, seconds; below the budget (0.05)"),
     "redis_prefix": (str, "prefix of QuoteFlow's Redis keys (quoteflow)"),
+    "coalesce": (
+        _boolean,
+        "share a supplier call in flight with identical requests (default: off)",
+    ),
 }
 
 _FLAGS = {"max_supplier_body_bytes": "--max-supplier-body", "api_keys": "--api-keys-file"}

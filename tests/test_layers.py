@@ -22,6 +22,7 @@ LAYERS = [
     "handlers",
     "hostmetrics",
     "observe",
+    "coalesce",
     "service",
     "breaker",
     "supplier",
