@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from quoteflow import handlers, logs
 from quoteflow.breaker import Breakers
+from quoteflow.cache import CachingGateway, QuoteCache
 from quoteflow.coalesce import CoalescingGateway
 from quoteflow.config import SUPPLIERS, Settings
 from quoteflow.fleet import Coordinator
@@ -213,10 +214,35 @@ def _limits(app: web.Application) -> tuple[OutboundLimiter, dict[str, RetryLimit
     return slots, budgets
 
 
-def _sharing(settings: Settings, gateway: SupplierGateway, telemetry: Telemetry) -> SupplierGateway:
-    """``gateway`` behind coalescing, as configured; exactly ``gateway`` when it is off."""
-    if not settings.coalesce:
-        return gateway
+def _sharing(
+    settings: Settings, gateway: SupplierGateway, telemetry: Telemetry
+) -> tuple[SupplierGateway, QuoteCache | None]:
+    """``gateway`` behind the quote cache and coalescing, as configured, and the cache.
+
+    With both off it is exactly ``gateway``. The cache comes first: a fresh
+    quote answers without a shared call; a miss may then join one.
+    """
+    if settings.coalesce:
+        gateway = _coalescing(gateway, telemetry)
+    if not settings.cache_size:
+        return gateway, None
+    cache = QuoteCache(settings.cache_size, settings.cache_max_age)
+    entries = PlainGauge("quoteflow_cache_entries", "Quotes in the cache now (--cache-size).")
+    entries.readers[()] = lambda: float(len(cache))
+    telemetry.add(
+        entries,
+        ReadCounter(
+            "quoteflow_cache_answers",
+            "Quotes answered from the cache, by supplier and how: fresh, or stale for a failure.",
+            ("supplier", "how"),
+            lambda: {key: float(n) for key, n in cache.served.items()},
+        ),
+    )
+    return CachingGateway(gateway, cache), cache
+
+
+def _coalescing(gateway: SupplierGateway, telemetry: Telemetry) -> SupplierGateway:
+    """``gateway`` behind coalescing, with its metrics."""
     coalescing = CoalescingGateway(gateway)
     shared_calls = PlainGauge(
         "quoteflow_coalesced_calls_in_flight", "Shared supplier calls running now (--coalesce)."
@@ -261,7 +287,13 @@ def _supplier_session(
             # would become four on the wire. Only this private switch stops it.
             session._retry_connection = False
             slots, budgets = _limits(app)
-            client = SupplierClient(session, settings, slots=slots, retry_budgets=budgets)
+            client = SupplierClient(
+                session,
+                settings,
+                slots=slots,
+                retry_budgets=budgets,
+                keep_cache_control=settings.cache_size > 0,
+            )
             telemetry = app[handlers.TELEMETRY]
             breakers = None
             if settings.breaker_failures:
@@ -272,12 +304,14 @@ def _supplier_session(
                     open_max=settings.breaker_open_max,
                     listener=telemetry.circuit_moved,
                 )
+            shared, cache = _sharing(settings, gateway(client) if gateway else client, telemetry)
             service = QuoteService(
-                _sharing(settings, gateway(client) if gateway else client, telemetry),
+                shared,
                 budget=settings.budget,
                 inbound_limit=settings.inbound_limit,
                 answer_reserve=settings.answer_reserve,
                 breakers=breakers,
+                stale_quotes=cache,
             )
             app[SUPPLIER_CLIENT] = client
             app[handlers.SERVICE] = service

@@ -84,6 +84,11 @@ _OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
         _boolean,
         "share a supplier call in flight with identical requests (default: off)",
     ),
+    "cache_size": (
+        int,
+        "quotes kept as their suppliers' Cache-Control allows; 0: no cache (default 0)",
+    ),
+    "cache_max_age": (float, "cap on a supplier's max-age and stale-if-error, seconds (30)"),
 }
 
 _FLAGS = {"max_supplier_body_bytes": "--max-supplier-body", "api_keys": "--api-keys-file"}

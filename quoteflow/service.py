@@ -14,7 +14,8 @@ finished when it comes is kept; every supplier still working is ``timeout``.
 
 Before the fan-out each supplier's circuit breaker (``breaker.py``) is asked;
 a supplier whose circuit is open is not called at all (``circuit_open``), and
-every call's outcome is reported back to its breaker afterwards.
+every call's outcome is reported back to its breaker afterwards. With the
+quote cache on, a stale quote may then stand in for a failure (``cache.py``).
 """
 
 from __future__ import annotations
@@ -60,6 +61,23 @@ class SupplierGateway(Protocol):
         ...
 
 
+class StaleQuotes(Protocol):
+    """Quotes that may stand in for a failing supplier; ``cache.QuoteCache`` is the real one."""
+
+    def cover(
+        self,
+        request: QuoteRequest,
+        traces: tuple[SupplierTrace, ...],
+        outcomes: dict[str, SupplierQuote | Failure],
+    ) -> None:
+        """Replace each failure in ``outcomes`` that a stale quote may stand in for.
+
+        A supplier missing from ``outcomes`` timed out. Called once the
+        breakers have judged the real outcomes.
+        """
+        ...
+
+
 class QuoteService:
     """One per process: every request shares its admission counter and gateway."""
 
@@ -71,10 +89,13 @@ class QuoteService:
         inbound_limit: int,
         answer_reserve: float = 0.0,
         breakers: Breakers | None = None,
+        stale_quotes: StaleQuotes | None = None,
     ) -> None:
         self._gateway = gateway
         self._breakers = breakers
         """None: every supplier is asked on every request (the breaker is off)."""
+        self._stale_quotes = stale_quotes
+        """None: a failure is always the answer (the quote cache is off)."""
         self._budget = budget
         self._inbound_limit = inbound_limit
         self._answer_reserve = answer_reserve
@@ -145,6 +166,9 @@ class QuoteService:
                     outcomes[trace.supplier] = outcome = task.result()
                     self._judge(trace, permit, outcome)
             judged = True
+            if self._stale_quotes is not None:
+                # After judging: the breaker learns what the supplier did, not what stood in.
+                self._stale_quotes.cover(request, traces, outcomes)
         finally:
             if not judged and self._breakers is not None:
                 # The caller left, or a bug: nothing learned, but a probe must

@@ -27,6 +27,7 @@ from typing import Final
 
 import aiohttp
 import attrs
+from aiohttp import hdrs
 from aiohttp.http_exceptions import ContentLengthError, TransferEncodingError
 from yarl import URL
 
@@ -84,6 +85,15 @@ class _AttemptResult:
     status: int | None = None
     retry_after: float | None = None
     """Seconds the supplier asked us to wait (``Retry-After`` on a 503)."""
+
+
+@attrs.frozen
+class _Answer:
+    """A 200 body with the answer's ``Cache-Control`` (only when the quote cache wants it)."""
+
+    body: bytes
+    cache_control: str | None
+    status: int = 200
 
 
 @attrs.frozen
@@ -160,8 +170,11 @@ class SupplierClient:
         *,
         slots: OutboundLimiter | None = None,
         retry_budgets: Mapping[str, RetryLimiter] | None = None,
+        keep_cache_control: bool = False,
     ) -> None:
         self._session = session
+        self._keep_cache_control = keep_cache_control
+        """Carry each 200 answer's ``Cache-Control`` out on its quote, for the quote cache."""
         if slots is None:
             slots = OutboundSlots(settings.outbound_limit, settings.supplier_share, SUPPLIERS)
         self._slots = slots
@@ -275,13 +288,19 @@ class SupplierClient:
             state.attempt_time.observe(ended - started)  # it answered: a useful attempt's length
         if isinstance(fetched, bytes):
             fetched = self._decode(fetched, trace.supplier, call.request.sku)
+        elif isinstance(fetched, _Answer):
+            fetched = self._decode(
+                fetched.body, trace.supplier, call.request.sku, fetched.cache_control
+            )
         outcome = OK if fetched.quote is not None else fetched.code
         trace.attempts.append(
             _record(attempt, waiting_since, started, ended, outcome, fetched.status)
         )
         return fetched
 
-    async def _fetch(self, call: _Call, headers: Mapping[str, str]) -> bytes | _AttemptResult:
+    async def _fetch(
+        self, call: _Call, headers: Mapping[str, str]
+    ) -> bytes | _Answer | _AttemptResult:
         """The body of a 200 answer, or the classified failure; the response is always released."""
         try:
             async with self._session.get(
@@ -298,7 +317,10 @@ class SupplierClient:
                         if retryable
                         else None,
                     )
-                return await self._read_body(response)
+                body = await self._read_body(response)
+                if self._keep_cache_control:
+                    return _Answer(body, response.headers.get(hdrs.CACHE_CONTROL))
+                return body
         except NEVER_RETRIED:
             return _AttemptResult(None, TRANSPORT_ERROR)
         except TRANSIENT_ERRORS:
@@ -315,11 +337,15 @@ class SupplierClient:
             return _AttemptResult(None, INVALID_DATA, status=200)
 
     @staticmethod
-    def _decode(body: bytes, supplier: str, sku: str) -> _AttemptResult:
+    def _decode(
+        body: bytes, supplier: str, sku: str, cache_control: str | None = None
+    ) -> _AttemptResult:
         try:
             quote = decode_supplier_quote(body, supplier=supplier, sku=sku)
         except InvalidSupplierData:
             return _AttemptResult(None, INVALID_DATA, status=200)
+        if cache_control is not None:
+            quote = attrs.evolve(quote, cache_control=cache_control)
         return _AttemptResult(quote, OK, status=200)
 
     async def _read_body(self, response: aiohttp.ClientResponse) -> bytes:

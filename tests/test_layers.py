@@ -22,6 +22,7 @@ LAYERS = [
     "handlers",
     "hostmetrics",
     "observe",
+    "cache",
     "coalesce",
     "service",
     "breaker",
