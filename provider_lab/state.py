@@ -40,6 +40,8 @@ class LabState:
         self.flaky_seen = RecentIds(config.flaky_id_limit)
         self.blip_seen = RecentIds(config.flaky_id_limit)
         self.random = random.Random(config.seed)
+        self.cache_control: dict[str, str] = {}
+        """The ``Cache-Control`` header each supplier sends on its answers (none if absent)."""
 
     def reset(self) -> None:
         """Zero the statistics and forget which request ids were seen."""

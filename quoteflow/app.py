@@ -40,7 +40,7 @@ SUPPLIER_CLIENT = web.AppKey("supplier_client", SupplierClient)
 COORDINATOR = web.AppKey("coordinator", Coordinator)
 """Fleet mode only (``redis_url`` set): this worker's link to the others through Redis."""
 
-GatewayFactory = Callable[[SupplierClient], SupplierGateway]
+GatewayFactory = Callable[[SupplierGateway], SupplierGateway]
 
 
 WORKER_BOOT_ERROR = 3
@@ -55,8 +55,10 @@ def create_app(
 ) -> web.Application:
     """Build the QuoteFlow app; no I/O happens until it starts.
 
-    ``gateway`` wraps the real supplier client — a seam for tests that need a
-    supplier call to misbehave in ways no HTTP server can (a bug in our code).
+    ``gateway`` wraps the supplier gateway the service would use (the real
+    client, behind the cache and coalescing when they are on) — a seam for
+    tests that need a supplier call to misbehave in ways no HTTP server can
+    (a bug in our code).
     ``host_metrics``: ``/metrics`` reports every worker of the host
     (prometheus-client's multiprocess mode, ``hostmetrics.py``); the request
     path is the same either way.
@@ -215,15 +217,16 @@ def _limits(app: web.Application) -> tuple[OutboundLimiter, dict[str, RetryLimit
 
 
 def _sharing(
-    settings: Settings, gateway: SupplierGateway, telemetry: Telemetry
+    settings: Settings, client: SupplierClient, telemetry: Telemetry
 ) -> tuple[SupplierGateway, QuoteCache | None]:
-    """``gateway`` behind the quote cache and coalescing, as configured, and the cache.
+    """``client`` behind the quote cache and coalescing, as configured, and the cache.
 
-    With both off it is exactly ``gateway``. The cache comes first: a fresh
+    With both off it is exactly ``client``. The cache comes first: a fresh
     quote answers without a shared call; a miss may then join one.
     """
+    gateway: SupplierGateway = client
     if settings.coalesce:
-        gateway = _coalescing(gateway, telemetry)
+        gateway = _coalescing(client, telemetry)
     if not settings.cache_size:
         return gateway, None
     cache = QuoteCache(settings.cache_size, settings.cache_max_age)
@@ -241,9 +244,9 @@ def _sharing(
     return CachingGateway(gateway, cache), cache
 
 
-def _coalescing(gateway: SupplierGateway, telemetry: Telemetry) -> SupplierGateway:
-    """``gateway`` behind coalescing, with its metrics."""
-    coalescing = CoalescingGateway(gateway)
+def _coalescing(client: SupplierClient, telemetry: Telemetry) -> SupplierGateway:
+    """``client`` behind coalescing, with its metrics."""
+    coalescing = CoalescingGateway(client)
     shared_calls = PlainGauge(
         "quoteflow_coalesced_calls_in_flight", "Shared supplier calls running now (--coalesce)."
     )
@@ -304,9 +307,9 @@ def _supplier_session(
                     open_max=settings.breaker_open_max,
                     listener=telemetry.circuit_moved,
                 )
-            shared, cache = _sharing(settings, gateway(client) if gateway else client, telemetry)
+            shared, cache = _sharing(settings, client, telemetry)
             service = QuoteService(
-                shared,
+                gateway(shared) if gateway else shared,
                 budget=settings.budget,
                 inbound_limit=settings.inbound_limit,
                 answer_reserve=settings.answer_reserve,

@@ -12,13 +12,15 @@ flight *joins* it, and takes no outbound slot and no retry token:
 Whose deadline? Each waiter's own. A waiter awaits the call shielded, under
 its request's deadline (``service.py`` holds that timer); when it comes, that
 request alone is ``timeout`` and the call goes on for the others. The call
-is not cancelled while anyone waits, so it runs until the longest deadline of
-those still waiting — no timer of its own, which would only race theirs —
-and the last waiter to leave cancels it, and waits for it to wind up (its
-slot given back, its cut-off attempt on the bill) before it goes. A second
-attempt must still fit the deadline the call started with: that is the
-deadline the supplier was told (``X-Deadline-Remaining-Ms``), and what the
-starter's retry budget allowed.
+is not cancelled while anyone waits: it runs under the longest deadline of
+those still waiting (a ``MovingDeadline``, moved as waiters come and go, so
+each attempt's ``X-Deadline-Remaining-Ms`` and each retry decision use it),
+and the last waiter to leave cancels it and waits for it to wind up (its
+slot given back, its cut-off attempt on the bill) before it goes. The call
+needs no timer of its own: its end is its last waiter's, whose timer fires
+at that very deadline. A request joins only within the starter's budget;
+later it starts a call of its own, so that a call to a hanging supplier
+cannot be prolonged for ever by callers that keep coming.
 
 The bill, and the breaker. A shared call's attempts are on exactly one bill,
 its *owner*'s: the starter's, or, if the starter leaves first (its deadline,
@@ -37,20 +39,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from typing import Protocol
 
 import attrs
 
 from quoteflow.models import (
     STOPPED_JOINED,
     Failure,
+    MovingDeadline,
     QuoteRequest,
     SupplierQuote,
     SupplierTrace,
 )
-from quoteflow.service import SupplierGateway
 
 _Key = tuple[str, str, str]
 """Supplier, SKU, scenario: what makes two supplier requests identical."""
+
+
+class SharingGateway(Protocol):
+    """A gateway that can make a shared call: its deadline may move while it runs.
+
+    ``supplier.SupplierClient`` is one: it reads a ``MovingDeadline`` afresh
+    for each attempt and each retry decision.
+    """
+
+    async def quote(
+        self,
+        trace: SupplierTrace,
+        request: QuoteRequest,
+        request_id: str,
+        deadline: float | MovingDeadline,
+    ) -> SupplierQuote | Failure:
+        """As ``service.SupplierGateway.quote``."""
+        ...
 
 
 @attrs.define(eq=False)
@@ -72,7 +94,15 @@ class _SharedCall:
     """Where the call's attempts are recorded, whoever ends up owning them."""
     owner: _Waiter
     waiters: list[_Waiter]
+    deadline: MovingDeadline
+    """The longest deadline of those waiting: what the supplier is told, what a retry must fit."""
     task: asyncio.Task[SupplierQuote | Failure] | None = None
+
+    def leave(self, waiter: _Waiter) -> None:
+        """``waiter`` no longer waits: the call's deadline is the longest of the rest."""
+        self.waiters.remove(waiter)
+        if self.waiters:
+            self.deadline.at = max(other.deadline for other in self.waiters)
 
     @property
     def request_id(self) -> str:
@@ -83,7 +113,7 @@ class _SharedCall:
 class CoalescingGateway:
     """A ``SupplierGateway`` that shares identical calls in flight; wraps the real one."""
 
-    def __init__(self, inner: SupplierGateway) -> None:
+    def __init__(self, inner: SharingGateway) -> None:
         self._inner = inner
         self._calls: dict[_Key, _SharedCall] = {}
         self.joins: dict[str, int] = {}
@@ -105,10 +135,14 @@ class CoalescingGateway:
         key = (trace.supplier, request.sku, request.scenario)
         waiter = _Waiter(trace, request_id, deadline)
         call = self._calls.get(key)
-        if call is None:
+        # Joined only within the starter's own budget: the supplier was told
+        # about that one, and a call that anyone arriving could prolong would
+        # never end (nor be judged) while a hanging supplier had callers.
+        if call is None or time.monotonic() >= call.starter.deadline:
             call = self._start(key, waiter, request)
         else:
             call.waiters.append(waiter)
+            call.deadline.at = max(call.deadline.at, deadline)
             self.joins[trace.supplier] = self.joins.get(trace.supplier, 0) + 1
         assert call.task is not None
         try:
@@ -119,28 +153,25 @@ class CoalescingGateway:
             await self._leave(call, waiter)
             raise
         except BaseException:
-            call.waiters.remove(waiter)  # a bug in the call: every waiter sees it
+            call.leave(waiter)  # a bug in the call: every waiter sees it
             raise
-        call.waiters.remove(waiter)
+        call.leave(waiter)
         self._settle(call, waiter)
         return outcome
 
     def _start(self, key: _Key, starter: _Waiter, request: QuoteRequest) -> _SharedCall:
         bill = SupplierTrace(starter.trace.supplier)
-        call = _SharedCall(key, starter, bill, starter, [starter])
+        deadline = MovingDeadline(starter.deadline)
+        call = _SharedCall(key, starter, bill, starter, [starter], deadline)
         # Its own task, outside the starter's cancel scope: the starter leaving
         # must not cost the others the call.
-        call.task = asyncio.get_running_loop().create_task(
-            self._run(call, request, starter.deadline)
-        )
+        call.task = asyncio.get_running_loop().create_task(self._run(call, request))
         self._calls[key] = call
         return call
 
-    async def _run(
-        self, call: _SharedCall, request: QuoteRequest, deadline: float
-    ) -> SupplierQuote | Failure:
+    async def _run(self, call: _SharedCall, request: QuoteRequest) -> SupplierQuote | Failure:
         try:
-            return await self._inner.quote(call.bill, request, call.request_id, deadline)
+            return await self._inner.quote(call.bill, request, call.request_id, call.deadline)
         finally:
             # Forgotten the moment it ends: a request arriving later starts a new call.
             self._forget(call)
@@ -162,7 +193,7 @@ class CoalescingGateway:
     async def _leave(self, call: _SharedCall, waiter: _Waiter) -> None:
         """``waiter``'s deadline came or its caller left before the call ended."""
         assert call.task is not None
-        call.waiters.remove(waiter)
+        call.leave(waiter)
         if call.task.done():
             # It ended in the same instant: the others have its outcome; the
             # bill goes with this waiter's as if it had stayed.

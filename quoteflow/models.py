@@ -205,6 +205,21 @@ class SupplierTrace:
     """The failure a stale quote from the cache stood in for (``--cache-size``)."""
 
 
+@attrs.define
+class MovingDeadline:
+    """A deadline that may move while a call runs: a shared call's (``coalesce.py``).
+
+    The attempt loop reads a deadline only as ``deadline - now``, the time
+    left; this reads the same way, from wherever the deadline is now.
+    """
+
+    at: float
+    """``time.monotonic()`` value of the deadline now."""
+
+    def __sub__(self, other: float) -> float:
+        return self.at - other
+
+
 @attrs.frozen(kw_only=True)
 class QuoteReport:
     """A result together with its budget bill, for callers who ask how it was reached."""

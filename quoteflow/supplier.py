@@ -47,6 +47,7 @@ from quoteflow.models import (
     TRANSPORT_ERROR,
     AttemptRecord,
     Failure,
+    MovingDeadline,
     QuoteRequest,
     SupplierQuote,
     SupplierTrace,
@@ -101,7 +102,7 @@ class _Call:
     url: URL
     request: QuoteRequest
     request_id: str
-    deadline: float
+    deadline: float | MovingDeadline
 
 
 def _record(
@@ -209,9 +210,13 @@ class SupplierClient:
         trace: SupplierTrace,
         request: QuoteRequest,
         request_id: str,
-        deadline: float,
+        deadline: float | MovingDeadline,
     ) -> SupplierQuote | Failure:
-        """Ask ``trace.supplier`` for ``request``; the caller enforces ``deadline``."""
+        """Ask ``trace.supplier`` for ``request``; the caller enforces ``deadline``.
+
+        A ``MovingDeadline`` (a shared call's) is read afresh for each
+        attempt's ``X-Deadline-Remaining-Ms`` and each retry decision.
+        """
         state = self._suppliers[trace.supplier]
         call = _Call(state.url_for(request), request, request_id, deadline)
         state.retry_budget.first_attempt()
@@ -239,7 +244,7 @@ class SupplierClient:
         return Failure(trace.supplier, result.code)
 
     def _plan_retry(
-        self, state: _SupplierState, failed: _AttemptResult, deadline: float
+        self, state: _SupplierState, failed: _AttemptResult, deadline: float | MovingDeadline
     ) -> tuple[float, str | None]:
         """The backoff before a second attempt, or why there will be none."""
         backoff = random.uniform(*self._backoff)

@@ -225,3 +225,44 @@ async def test_a_shared_call_to_a_hanging_supplier_counts_as_its_timeout(
     assert {"supplier": "boreal", "code": "circuit_open"} in answer["failures"]
     assert suppliers.count("boreal") == 2
     assert shared_tasks() == []
+
+
+async def test_a_retry_is_planned_on_the_longest_deadline_of_those_waiting(
+    start: Any, suppliers: FakeSuppliers
+) -> None:
+    """Boreal's 503 comes too late for the starter's budget, not for a joiner's: it is retried."""
+    suppliers.script("boreal", delay(0.35, status(503)))
+    client = await start(budget=0.5)
+
+    async def join() -> dict[str, Any]:
+        await asyncio.sleep(0.3)
+        return await ask(client, "joiner")
+
+    starter, joiner = await asyncio.gather(ask(client, "starter"), join())
+    first, second = suppliers.of("boreal")
+    assert first.request_id == second.request_id == "starter"
+    # Told the joiner's deadline, which the starter's could not have been: 0.5 s from 0.35 s.
+    assert int(second.headers["X-Deadline-Remaining-Ms"]) > 250
+    assert joiner["best"]["supplier"] == "boreal"
+    assert starter["best"]["supplier"] == "boreal"
+    outcomes = [a["outcome"] for a in bill(starter, "boreal")["attempts"]]
+    assert outcomes == ["http_503", "ok"]
+
+
+async def test_a_call_is_joined_only_within_its_starters_budget(
+    start: Any, suppliers: FakeSuppliers
+) -> None:
+    """Past the starter's deadline a hanging call takes no more joiners: the next starts anew."""
+    suppliers.always("boreal", hang())
+    client = await start(budget=0.3, read_timeout=5.0)
+
+    async def later(seconds: float, request_id: str) -> dict[str, Any]:
+        await asyncio.sleep(seconds)
+        return await ask(client, request_id)
+
+    answers = await asyncio.gather(ask(client, "s"), later(0.2, "j"), later(0.4, "late"))
+    assert [r.request_id for r in suppliers.of("boreal")] == ["s", "late"]
+    assert bill(answers[1], "boreal")["joined"] == "s"
+    assert "joined" not in bill(answers[2], "boreal")
+    await settled(client)
+    assert shared_tasks() == []
