@@ -52,9 +52,11 @@ _Key = tuple[str, str, str]
 """Supplier, SKU, scenario."""
 
 _DIRECTIVE: Final = re.compile(
-    r"""\s*([!#$%&'*+.^_`|~0-9A-Za-z-]+)(?:\s*=\s*("(?:[^"\\]|\\.)*"|[^,\s]*))?\s*(?:,|$)"""
+    r"""([!#$%&'*+.^_`|~0-9A-Za-z-]+)(?:[ \t]*=[ \t]*("(?:[^"\\]|\\.)*"|[^,\s"]*))?[ \t]*"""
 )
 """One ``Cache-Control`` directive: a token, optionally ``=`` a token or a quoted string."""
+_SEPARATORS: Final = re.compile(r"[ \t,]*")
+"""Between directives: commas and blanks (a list may have empty elements, RFC 9110 §5.6.1)."""
 
 _NEVER_STORED: Final = frozenset({"no-store", "no-cache", "private"})
 _NO_STALE: Final = frozenset({"must-revalidate", "proxy-revalidate", "s-maxage"})
@@ -80,9 +82,16 @@ def freshness(cache_control: str | None, cap: float) -> Freshness | None:
         return None
     directives: dict[str, str | None] = {}
     position = 0
-    while position < len(cache_control):
+    while True:
+        separators = _SEPARATORS.match(cache_control, position)
+        assert separators is not None  # it matches the empty string too
+        position = separators.end()
+        if position == len(cache_control):
+            break
+        if directives and "," not in separators.group():
+            return None  # two directives with no comma between them
         found = _DIRECTIVE.match(cache_control, position)
-        if found is None or found.end() == position:
+        if found is None:
             return None
         name, value = found.group(1).lower(), found.group(2)
         if value is not None and value.startswith('"'):

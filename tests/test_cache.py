@@ -214,6 +214,9 @@ async def test_cache_and_coalescing_together(
     ("header", "expected"),
     [
         ("max-age=10", Freshness(10, 0)),
+        (" , max-age=10, ", Freshness(10, 0)),  # empty list elements are allowed
+        ("public,max-age=10", Freshness(10, 0)),
+        ("max-age=10 stale-if-error=20", None),  # no comma between them
         ("Max-Age=10, Stale-If-Error=20", Freshness(10, 20)),
         ('max-age="10"', Freshness(10, 0)),
         ("max-age=600, stale-if-error=600", Freshness(30, 30)),  # both capped
