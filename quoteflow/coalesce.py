@@ -194,12 +194,13 @@ class CoalescingGateway:
         """``waiter``'s deadline came or its caller left before the call ended."""
         assert call.task is not None
         call.leave(waiter)
-        if call.task.done():
-            # It ended in the same instant: the others have its outcome; the
-            # bill goes with this waiter's as if it had stayed.
+        if call.task.done() and not call.waiters:
+            # It ended in the same instant: the bill goes with this waiter's.
             self._settle(call, waiter)
             return
         if call.waiters:
+            # (If it ended in the same instant, those still waiting are about
+            # to get its outcome: the bill goes to one of them.)
             if waiter is call.owner:
                 # Handed over to whoever can wait longest: the likeliest to see it end.
                 call.owner = max(call.waiters, key=lambda other: other.deadline)
