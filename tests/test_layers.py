@@ -40,35 +40,75 @@ LAYERS = [
 """Each module may import only modules to its right (``models``, ``config`` and ``errors``
 form the base)."""
 
+PACKAGE_LAYERS = {
+    "fleet": ["coordinator", "leases", "budget", "timing"],
+}
+"""Inside a sub-package the same rule holds among its modules (``__init__`` only re-exports)."""
+
+ROOT = Path(quoteflow.__file__).parent
 MODULES = sorted(m.name for m in pkgutil.iter_modules(quoteflow.__path__))
+SUBMODULES = sorted(
+    f"{package}.{m.name}"
+    for package in PACKAGE_LAYERS
+    for m in pkgutil.iter_modules([str(ROOT / package)])
+)
+
+
+def _files(module: str) -> list[Path]:
+    """The source files of ``module``: one file, or every file of a package."""
+    path = ROOT / module.replace(".", "/")
+    return sorted(path.glob("*.py")) if path.is_dir() else [path.with_suffix(".py")]
 
 
 def _imports(module: str) -> set[str]:
-    path = Path(quoteflow.__file__).parent / f"{module}.py"
+    """Dotted names (below ``quoteflow``) that ``module`` imports from."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("quoteflow"):
-            found.add(node.module.removeprefix("quoteflow").lstrip("."))
-            found.update(alias.name for alias in node.names if node.module == "quoteflow")
+    for path in _files(module):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.module):
+                continue
+            if node.module.startswith("quoteflow"):
+                found.add(node.module.removeprefix("quoteflow").lstrip("."))
+                if node.module == "quoteflow":
+                    found.update(alias.name for alias in node.names)
     return {name for name in found if name}
 
 
 def test_every_module_has_a_layer() -> None:
-    """A new module must be placed in the layer order."""
+    """A new module must be placed in the layer order, and so must a sub-package's module."""
     assert set(MODULES) <= set(LAYERS)
+    for package, layers in PACKAGE_LAYERS.items():
+        inside = {name.partition(".")[2] for name in SUBMODULES if name.startswith(f"{package}.")}
+        assert inside == set(layers), package
 
 
 @pytest.mark.parametrize("module", MODULES)
 def test_imports_point_one_way(module: str) -> None:
-    """No module imports one to its left."""
+    """No module (or any file of a package) imports one to its left."""
     rank = LAYERS.index(module)
     for imported in _imports(module):
-        assert LAYERS.index(imported) > rank, f"{module} imports {imported}"
+        top = imported.partition(".")[0]
+        if top != module:
+            assert LAYERS.index(top) > rank, f"{module} imports {imported}"
+
+
+@pytest.mark.parametrize("module", SUBMODULES)
+def test_imports_point_one_way_inside_a_package(module: str) -> None:
+    """Within a sub-package too, a module imports only its package's modules to its right."""
+    package, _, name = module.partition(".")
+    layers = PACKAGE_LAYERS[package]
+    for imported in _imports(module):
+        top, _, inside = imported.partition(".")
+        if top == package:
+            assert inside in layers, f"{module} imports the package root {imported}"
+            assert layers.index(inside) > layers.index(name), f"{module} imports {imported}"
+        else:
+            assert LAYERS.index(top) > LAYERS.index(package), f"{module} imports {imported}"
 
 
 def test_service_does_not_know_aiohttp() -> None:
     """The policy layer talks to suppliers through a Protocol, never through aiohttp."""
-    tree = ast.parse((Path(quoteflow.__file__).parent / "service.py").read_text())
+    tree = ast.parse((ROOT / "service.py").read_text())
     imported = {
         alias.name
         for node in ast.walk(tree)
@@ -78,7 +118,7 @@ def test_service_does_not_know_aiohttp() -> None:
     assert not any(name and name.startswith("aiohttp") for name in imported)
 
 
-@pytest.mark.parametrize("module", [m for m in MODULES if m != "__main__"])
+@pytest.mark.parametrize("module", [m for m in MODULES if m != "__main__"] + SUBMODULES)
 def test_each_module_imports_on_its_own(module: str) -> None:
     """Importing any module first, in a fresh interpreter, works (no import cycles)."""
     subprocess.run([sys.executable, "-c", f"import quoteflow.{module}"], check=True, timeout=30)

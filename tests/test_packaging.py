@@ -54,3 +54,17 @@ def test_licence_file_matches_setup_cfg() -> None:
     text = (ROOT / "LICENSE").read_text(encoding="utf-8")
     assert text.startswith("MIT License")
     assert "Copyright (c) 2026 the QuoteFlow authors" in text
+
+
+def test_every_data_file_of_the_package_is_shipped() -> None:
+    """Each non-Python file under ``quoteflow/`` (the fleet's ``sync.lua``) is package data."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg", encoding="utf-8")
+    data = config["options.package_data"]
+    source = ROOT / "quoteflow"
+    for path in source.rglob("*"):
+        if path.is_dir() or path.suffix in {".py", ".pyc"} or "__pycache__" in path.parts:
+            continue
+        package = ".".join(("quoteflow", *path.parent.relative_to(source).parts))
+        patterns = [p.strip() for p in data.get(package, "").split(",")]
+        assert any(path.match(p) for p in patterns if p), f"{path.name} is not in {package}'s data"

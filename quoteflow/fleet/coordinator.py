@@ -1,0 +1,348 @@
+"""The coordinator: one worker's link to Redis — the sync script, heartbeat, listener, fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from collections.abc import Iterable
+from importlib import resources
+from typing import TYPE_CHECKING, Any, Final
+
+from quoteflow.config import SUPPLIERS, Settings
+from quoteflow.fleet.budget import FleetRetryBudget
+from quoteflow.fleet.leases import LOCAL, FleetSlots
+from quoteflow.fleet.timing import HEARTBEAT, LISTEN_WAKE, POLL, QUIET, RECONNECT, TTL, WANT_FRESH
+from quoteflow.logs import log_event
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+    from redis.commands.core import AsyncScript
+
+log = logging.getLogger("quoteflow")
+
+SCRIPT: Final = resources.files("quoteflow.fleet").joinpath("sync.lua").read_text(encoding="utf-8")
+"""The sync, one atomic step in Redis (``sync.lua``): read once, at import; run by ``EVALSHA``."""
+
+
+class Coordinator:
+    """One worker's link to the fleet: the Redis client, the script, heartbeat and listener.
+
+    Built with no I/O; ``start`` opens nothing that can block (the first sync
+    runs in the background), ``close`` says goodbye and closes every task and
+    connection. ``slots`` and ``budgets`` are what the supplier client uses.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        suppliers: Iterable[str] = SUPPLIERS,
+        worker_id: str | None = None,
+    ) -> None:
+        if settings.redis_url is None:
+            raise ValueError("fleet mode needs a redis_url")
+        self.worker_id = worker_id or uuid.uuid4().hex
+        self._id_bytes = self.worker_id.encode()
+        self.settings = settings
+        prefix = settings.redis_prefix
+        self._keys = [f"{prefix}:workers", f"{prefix}:state", f"{prefix}:tokens", f"{prefix}:epoch"]
+        self.channel = f"{prefix}:freed"
+        self._suppliers = tuple(suppliers)
+        self.slots = FleetSlots(
+            settings.outbound_limit,
+            settings.supplier_share,
+            self._suppliers,
+            need_sync=self.request_sync,
+            lapsed=self._lapsed,
+        )
+        self.budgets = {
+            supplier: FleetRetryBudget(
+                settings.retry_budget_capacity,
+                settings.retry_budget_earn,
+                burst=settings.inbound_limit,
+                need_sync=self.request_sync,
+            )
+            for supplier in self._suppliers
+        }
+        self.up = False
+        """The last sync succeeded: leases are in force."""
+        self.joined = False
+        """A sync ever succeeded: a Redis without our epoch has been emptied since."""
+        self.syncs = {"ok": 0, "failed": 0}
+        self.workers = 0
+        """Live workers the last sync saw, this one included."""
+        self._down_since: float | None = None
+        self._closing = False
+        self._redis: Redis | None = None
+        self._script: AsyncScript | None = None
+        self._errors: tuple[type[BaseException], ...] = (OSError, TimeoutError)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._listener: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._due = math.inf
+        self._timer: asyncio.TimerHandle | None = None
+        self._announced_at = -math.inf
+        self._synced_at = -math.inf
+        self._forced = False
+        self._generation = 0
+
+    async def start(self) -> None:
+        """Create the client and the background tasks; Redis need not answer yet."""
+        from redis.asyncio import Redis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+        from redis.exceptions import RedisError
+
+        assert self.settings.redis_url is not None
+        timeout = self.settings.redis_timeout
+        self._errors = (RedisError, OSError, TimeoutError)
+        self._redis = Redis.from_url(
+            self.settings.redis_url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            # A failed call is not retried by the client: the next sync is the retry.
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._script = self._redis.register_script(SCRIPT)
+        self._loop = asyncio.get_running_loop()
+        self._spawn(self._run(), "quoteflow-fleet-sync")
+        self._listener = self._spawn(self._listen(self._generation), "quoteflow-fleet-listener")
+        self._set_due(self._loop.time())
+
+    async def close(self) -> None:
+        """Say goodbye (slots and tokens back at once, best effort), then close everything."""
+        self._closing = True
+        self._wake.set()
+        # On Python 3.11 a cancellation that meets redis-py inside its connect
+        # (asyncio.wait_for) can be lost: both loops also stop on _closing,
+        # within one LISTEN_WAKE or one Redis call, so they are cancelled and
+        # waited for until they have ended.
+        while self._tasks:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.wait(set(self._tasks), timeout=2 * LISTEN_WAKE)
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._redis is None:
+            return
+        if self.joined:
+            await self._sync(leaving=True)
+        await self._redis.aclose()
+
+    def request_sync(self, delay: float, *, force: bool = False) -> None:
+        """Have the state checked within ``delay`` s, and a sync run if it is worth one.
+
+        ``force``: sync whatever the state looks like (a slot was freed
+        elsewhere, Redis was emptied, a give-back). Requests fold into one
+        already due sooner.
+        """
+        if self._closing or self.slots.mode == LOCAL:
+            return  # while Redis is away only the reconnect timer tries it
+        self._forced = self._forced or force
+        at = self._loop.time() + delay
+        if at < self._due:
+            self._set_due(at)
+
+    # -- background -------------------------------------------------------------------
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _set_due(self, at: float) -> None:
+        self._due = at
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if at <= self._loop.time():
+            self._wake.set()
+        else:
+            self._timer = self._loop.call_at(at, self._wake.set)
+
+    async def _run(self) -> None:
+        """One sync at a time; whatever was asked for meanwhile goes in the next one."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._closing:
+                return
+            now = self._loop.time()
+            since = now - self._synced_at
+            if self.up and not self._forced and since < HEARTBEAT and not self._worth(since):
+                heartbeat = self._synced_at + HEARTBEAT
+                poll = self._synced_at + POLL if self.slots.waiting else math.inf
+                # A slot idle for less than LINGER was not worth a sync yet;
+                # the check for it must not wait for the heartbeat.
+                idle = now + self.slots.linger_left()
+                self._set_due(min(heartbeat, poll, idle))
+                continue
+            self._forced = False
+            self._synced_at = now
+            self._set_due(now + (HEARTBEAT if self.up else RECONNECT))
+            await self._sync()
+
+    def _worth(self, since: float) -> bool:
+        return self.slots.worth_syncing(since) or any(
+            budget.wants_tokens for budget in self.budgets.values()
+        )
+
+    async def _sync(self, *, leaving: bool = False) -> None:
+        """One EVALSHA: this worker's whole state in, grants, allowance and tokens out.
+
+        ARGV: worker id, ttl ms, limit, share, want-fresh ms, quiet ms, joined
+        (0/1), leaving (0/1), bucket capacity, channel, n suppliers, may
+        announce ``wanted`` (0/1), then per supplier: name, held, want, tokens
+        deposited, whole tokens to withdraw, tokens in the pool.
+        Reply: quiet (0/1), others waiting (0/1), allowed total, live workers,
+        announced ``wanted`` (0/1), then per supplier: granted, allowed, free,
+        grantable (free but for the whole limit), tokens withdrawn, bucket level.
+        """
+        assert self._script is not None
+        n = len(self._suppliers)
+        if leaving:
+            held, want = [0] * n, [0] * n
+        else:
+            held, want = self.slots.report()
+        tokens = [self.budgets[supplier].report(leaving) for supplier in self._suppliers]
+        args: list[str | int] = [
+            self.worker_id,
+            round(TTL * 1000),
+            self.settings.outbound_limit,
+            self.settings.supplier_share,
+            round(WANT_FRESH * 1000),
+            round(QUIET * 1000),
+            int(self.joined),
+            int(leaving),
+            f"{self.settings.retry_budget_capacity:.6f}",
+            self.channel,
+            n,
+            # At most one "wanted" per poll: starved workers must not wake
+            # each other in a loop.
+            int(self._loop.time() >= self._announced_at + POLL),
+        ]
+        for index, supplier in enumerate(self._suppliers):
+            deposit, withdraw, pool = tokens[index]
+            args += [supplier, held[index], want[index], f"{deposit:.6f}", withdraw, f"{pool:.6f}"]
+        sent_at = time.monotonic()
+        try:
+            async with asyncio.timeout(self.settings.redis_timeout):
+                reply = await self._script(keys=self._keys, args=args)
+        except self._errors as exc:
+            self.syncs["failed"] += 1
+            self._lost(f"{type(exc).__name__}: {exc}".strip())
+            return
+        self.syncs["ok"] += 1
+        self.joined = True
+        if leaving or self._closing:
+            return
+        self.workers = int(reply[3])
+        if reply[4]:
+            self._announced_at = self._loop.time()
+        per = [reply[5 + 6 * index : 11 + 6 * index] for index in range(n)]
+        soon = self.slots.apply(
+            granted=[int(p[0]) for p in per],
+            allowed=[int(p[1]) for p in per],
+            allowed_total=int(reply[2]),
+            free=[int(p[2]) for p in per],
+            grantable=[int(p[3]) for p in per],
+            others_waiting=bool(reply[1]),
+            sent_at=sent_at,
+        )
+        for index, supplier in enumerate(self._suppliers):
+            self.budgets[supplier].apply(int(per[index][4]), float(per[index][5]))
+        if not self.up:
+            self._found()
+        if soon is not None:
+            self.request_sync(soon)
+
+    def _lost(self, reason: str) -> None:
+        """A sync failed: own limits at once, one warning, and a retry every ``RECONNECT``."""
+        if self._closing:
+            return
+        if self.slots.mode != LOCAL:
+            self.up = False
+            self._down_since = self._loop.time()
+            self.slots.go_local()
+            for budget in self.budgets.values():
+                budget.go_local()
+            log_event(
+                log,
+                logging.WARNING,
+                "coordination_down",
+                {
+                    "worker": self.worker_id,
+                    "reason": reason,
+                    "fallback": "local limits",
+                    "outbound_limit": self.settings.outbound_limit,
+                },
+            )
+        self._set_due(self._loop.time() + RECONNECT)
+
+    def _lapsed(self) -> None:
+        self._lost("lease not renewed in time")
+
+    def _found(self) -> None:
+        """A sync succeeded after none had, or after a failure: leases are back."""
+        self.up = True
+        fields: dict[str, object] = {"worker": self.worker_id, "workers": self.workers}
+        if self._down_since is not None:
+            fields["down_s"] = round(self._loop.time() - self._down_since, 3)
+            self._down_since = None
+            # The listener may sit on a connection that died without a word.
+            if self._listener is not None:
+                self._listener.cancel()
+            self._generation += 1
+            self._listener = self._spawn(self._listen(self._generation), "quoteflow-fleet-listener")
+        log_event(log, logging.INFO, "coordination_up", fields)
+
+    async def _listen(self, generation: int) -> None:
+        """Sync at once when a slot is freed while we wait, or when Redis was emptied."""
+        assert self._redis is not None
+
+        def listening() -> bool:
+            return not self._closing and generation == self._generation
+
+        while listening():
+            pubsub = self._redis.pubsub()
+            try:
+                async with asyncio.timeout(RECONNECT):
+                    await pubsub.subscribe(self.channel)
+                while listening():
+                    # A read with a time limit, not a blocking one: see close().
+                    message = await pubsub.get_message(
+                        ignore_subscribe_messages=True, timeout=LISTEN_WAKE
+                    )
+                    if message is None:
+                        continue
+                    kind, _, sender = bytes(message["data"]).partition(b" ")
+                    if sender != self._id_bytes and self.slots.heard(kind):
+                        self.request_sync(0.0, force=True)
+            except self._errors:
+                pass
+            finally:
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+            if listening():
+                await asyncio.sleep(RECONNECT)
+
+
+async def fleet_holdings(client: Redis, prefix: str) -> dict[str, dict[str, int]]:
+    """Slots each live worker holds per supplier, as Redis has them (for tests and operators)."""
+    seconds, micros = await client.time()
+    now = seconds * 1000 + micros // 1000
+    live = {
+        (worker.decode() if isinstance(worker, bytes) else str(worker))
+        for worker in await client.zrangebyscore(f"{prefix}:workers", f"({now}", "+inf")
+    }
+    holdings: dict[str, dict[str, int]] = {}
+    for worker, record in (await client.hgetall(f"{prefix}:state")).items():
+        name = worker.decode() if isinstance(worker, bytes) else str(worker)
+        if name not in live:
+            continue
+        fields = (record.decode() if isinstance(record, bytes) else str(record)).split()
+        holdings[name] = {fields[i]: int(fields[i + 1]) for i in range(0, len(fields) - 1, 4)}
+    return holdings

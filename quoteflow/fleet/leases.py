@@ -1,0 +1,356 @@
+"""The leased slots: ``FleetSlots``, a worker's part of the fleet's outbound limit and shares."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterable
+
+from quoteflow.fleet.timing import IDLE_SLACK, LEASE_TRUST, LINGER, POLL
+
+JOINING, FLEET, LOCAL = "joining", "fleet", "local"
+"""Modes of ``FleetSlots``: before the first sync, leases in force, own limits."""
+
+
+class FleetSlots:
+    """Outbound slots leased from the fleet's Redis; this process's own limits while it is away.
+
+    Satisfies ``slots.OutboundLimiter``. Every call comes from the event
+    loop's thread and nothing between checking and taking a slot awaits, as in
+    ``OutboundSlots``; the ``Coordinator`` moves leases in and out between
+    requests (``report`` before a sync, ``apply`` after it).
+    """
+
+    def __init__(
+        self,
+        limit: int,
+        share: int,
+        suppliers: Iterable[str],
+        *,
+        need_sync: Callable[[float], None],
+        lapsed: Callable[[], None],
+    ) -> None:
+        self.limit = limit
+        self.share = share
+        self.mode = JOINING
+        self.in_use = 0
+        """Slots this process's attempts hold now."""
+        self._held = dict.fromkeys(suppliers, 0)
+        self.leased = dict.fromkeys(self._held, 0)
+        """Slots Redis granted this worker, per supplier; at least ``held`` in fleet mode."""
+        self.leased_total = 0
+        self.allowed = dict.fromkeys(self._held, share)
+        self.allowed_total = limit
+        self.free = dict.fromkeys(self._held, 0)
+        """Slots the last sync could still have granted us, per supplier."""
+        self.grantable = dict.fromkeys(self._held, 0)
+        """Slots the last sync could have granted us but for the whole limit, per supplier."""
+        self.others_waiting = False
+        self.unmet = dict.fromkeys(self._held, 0)
+        """Waiters Redis knows of (reported, not granted), per supplier."""
+        self._idle_since: dict[str, float | None] = dict.fromkeys(self._held)
+        """Since when (monotonic) a leased slot of each supplier has been idle, if one is."""
+        self._reported = dict.fromkeys(self._held, 0)
+        self._recorded = dict.fromkeys(self._held, 0)
+        """What Redis counts as ours after the last sync, per supplier."""
+        self.valid_until = -math.inf
+        self._waiting: dict[str, collections.deque[tuple[int, asyncio.Future[None]]]] = {
+            supplier: collections.deque() for supplier in self._held
+        }
+        self._order = itertools.count()
+        self._need_sync = need_sync
+        self._lapsed = lapsed
+
+    def held(self, supplier: str) -> int:
+        """Slots ``supplier``'s attempts hold now, in this process."""
+        return self._held[supplier]
+
+    @property
+    def waiting(self) -> int:
+        """Attempts of this process waiting for a slot."""
+        return sum(self._live(queue) for queue in self._waiting.values())
+
+    async def acquire(self, supplier: str) -> None:
+        """Take a slot for ``supplier``: an idle leased one at once, else wait in turn."""
+        if (
+            self.mode == FLEET
+            and self._held[supplier] < self.leased[supplier]
+            and not self._waiting[supplier]
+        ):
+            if time.monotonic() < self.valid_until:
+                self._take(supplier)
+                return
+            self._lapsed()  # no renewal in time: Redis may have given these away
+        if (
+            self.mode == LOCAL
+            and self.in_use < self.limit
+            and self._held[supplier] < self.share
+            and not self._waiting[supplier]
+        ):
+            self._take(supplier)
+            return
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (next(self._order), granted)
+        queue = self._waiting[supplier]
+        queue.append(entry)
+        if self.mode != LOCAL:
+            # At once if the last sync saw a slot we could get, or Redis does
+            # not know yet that we wait (then nobody would tell us of a freed
+            # slot). Otherwise a slot must be freed first, and its holder's
+            # sync announces it.
+            soon = self.mode == JOINING or self.free[supplier] > 0 or self._unannounced(supplier)
+            self._need_sync(0.0 if soon else POLL)
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self.release(supplier)  # handed a slot, then cancelled before using it
+            else:
+                with contextlib.suppress(ValueError):  # already skipped by a hand-out
+                    queue.remove(entry)
+                self._check_want(supplier)
+            raise
+
+    def release(self, supplier: str) -> None:
+        """Give back ``supplier``'s slot: to Redis if we hold too many, else to a local waiter."""
+        self._held[supplier] -= 1
+        self.in_use -= 1
+        if self.mode == FLEET and time.monotonic() >= self.valid_until:
+            self._lapsed()  # handing the slot on would use a lease Redis may have given away
+        if self.mode == FLEET:
+            if (
+                self.leased[supplier] > self.allowed[supplier]
+                or self.leased_total > self.allowed_total
+                or self._lopsided(supplier)
+            ):
+                # Above our fair part while others wait, or worth more as a
+                # slot of a supplier we lack: back to the fleet, not on locally.
+                self.leased[supplier] -= 1
+                self.leased_total -= 1
+                self._need_sync(0.0)  # leased < recorded: the check finds it worth a sync
+            elif self._hand_over(supplier):
+                self._check_want(supplier)
+            else:
+                # Idle: a taker of our own usually comes within a few ms under
+                # load; if none has within LINGER, the slot goes back.
+                self._need_sync(LINGER)
+            self._clock_idle(supplier)
+        elif self.mode == LOCAL:
+            self._hand_out_local()
+
+    # -- the coordinator's side -------------------------------------------------------
+
+    def report(self) -> tuple[list[int], list[int]]:
+        """What this worker holds and wants per supplier, for a sync; long-idle slots go back.
+
+        A slot is leased only while used or about to be: one idle for
+        ``LINGER`` goes back here, so an idle worker strands nothing. One idle
+        for less (between one request's attempt and the next request's, at
+        saturate) is kept, while the leases are in force and we hold no more
+        than our fair part (per supplier and in all): given back by a sync
+        that happened to come, it would cost the next request a round trip to
+        get it again. Outside fleet mode the truth is simply what runs now.
+        """
+        held, want = [], []
+        now = time.monotonic()
+        # Only leases still in force, and only within our whole fair part: a
+        # worker above it gives every idle slot back.
+        may_keep = (
+            self.mode == FLEET
+            and now < self.valid_until
+            and self.leased_total <= self.allowed_total
+        )
+        for supplier, queue in self._waiting.items():
+            keep = self._held[supplier]
+            if may_keep and not self._idle_long(supplier, now):
+                keep = max(keep, min(self.leased[supplier], self.allowed[supplier]))
+            self.leased[supplier] = self._recorded[supplier] = keep
+            self._clock_idle(supplier)
+            self._reported[supplier] = self._live(queue)
+            held.append(keep)
+            want.append(self._reported[supplier])
+        self.leased_total = sum(self.leased.values())
+        return held, want
+
+    def apply(
+        self,
+        granted: list[int],
+        allowed: list[int],
+        allowed_total: int,
+        free: list[int],
+        grantable: list[int],
+        others_waiting: bool,
+        sent_at: float,
+    ) -> float | None:
+        """Take a sync's answer: leases in force, grants handed to waiters.
+
+        Returns how soon the next sync should come, or None for the heartbeat.
+        """
+        self.mode = FLEET
+        self.valid_until = sent_at + LEASE_TRUST
+        self.allowed_total = allowed_total
+        self.others_waiting = others_waiting
+        undercounted = False
+        for index, supplier in enumerate(self._held):
+            self.unmet[supplier] = self._reported[supplier] - granted[index]
+            # Redis now counts what we reported plus the grants; give-backs
+            # made meanwhile are still counted there, so the next check syncs.
+            self._recorded[supplier] += granted[index]
+            self.leased[supplier] += granted[index]
+            if self._held[supplier] > self.leased[supplier]:
+                # Taken under local limits while this sync was on its way
+                # (just back from a fallback): tell Redis at once.
+                self.leased[supplier] = self._held[supplier]
+                undercounted = True
+            self.allowed[supplier] = allowed[index]
+            self.free[supplier] = free[index]
+            self.grantable[supplier] = grantable[index]
+            while self._held[supplier] < self.leased[supplier] and self._hand_over(supplier):
+                pass
+            self._clock_idle(supplier)
+        self.leased_total = sum(self.leased.values())
+        if undercounted:
+            return 0.0
+        if any(map(self._live, self._waiting.values())):
+            return POLL
+        if self.leased_total > self.in_use:
+            return LINGER
+        return None
+
+    def worth_syncing(self, since_last: float) -> bool:
+        """Whether Redis has us wrong, or could give us something, ``since_last`` s after a sync.
+
+        Asked when a requested sync comes due: whatever sorted itself out
+        meanwhile (an idle slot taken again, a waiter served by a local
+        hand-over) costs no round trip.
+        """
+        now = time.monotonic()
+        for supplier, queue in self._waiting.items():
+            if self.leased[supplier] != self._recorded[supplier]:
+                return True  # given back, or taken on local limits: Redis counts wrong
+            if self._idle_long(supplier, now):
+                return True  # no taker of our own came within LINGER: back to the fleet
+            live = self._live(queue)
+            if live:
+                if self._unannounced(supplier) or self.free[supplier] > 0 or since_last >= POLL:
+                    return True  # nobody would tell us of a slot, or Redis could grant, or the poll
+            elif self.unmet[supplier] and since_last >= POLL:
+                # Redis still counts waiters that are gone (served by a local
+                # hand-over, most often): told at the poll, not at once; Redis
+                # stops counting a want after WANT_FRESH anyway.
+                return True
+        return False
+
+    def _unannounced(self, supplier: str) -> bool:
+        """``supplier``'s waiters need Redis to know of them now: no slot of ours will come.
+
+        Redis does not count them, and this worker holds no lease of that
+        supplier whose release would hand it on. With a lease in use here, the
+        waiter is usually served by a local hand-over within a few ms; Redis
+        learns of the want at the ``POLL`` if it still waits.
+        """
+        return not self.unmet[supplier] and not self.leased[supplier]
+
+    def heard(self, message: bytes) -> bool:
+        """Whether a message on ``<p>:freed`` calls for a sync now."""
+        if message == b"reset":
+            return True  # Redis was emptied: it must learn what we hold
+        if message == b"wanted":
+            return self.leased_total > 0  # our fair part may have shrunk
+        return self.waiting > 0
+
+    def go_local(self) -> None:
+        """Redis is out of reach: this process's own limits, for every waiter at once."""
+        self.mode = LOCAL
+        self._hand_out_local()
+
+    # -- helpers ----------------------------------------------------------------------
+
+    @staticmethod
+    def _live(queue: collections.deque[tuple[int, asyncio.Future[None]]]) -> int:
+        return sum(1 for _, granted in queue if not granted.done())
+
+    def _check_want(self, supplier: str) -> None:
+        """The last waiter for ``supplier`` is gone: soon, Redis should stop counting it."""
+        if self.unmet[supplier] and not self._live(self._waiting[supplier]):
+            self._need_sync(LINGER)  # worth_syncing finds unmet without waiters
+
+    def _lopsided(self, supplier: str) -> bool:
+        """Whether a freed slot of ``supplier`` should go back so a supplier we lack gets one.
+
+        Every request asks every supplier: a worker whose leases are two of
+        cedar and none of atlas, with atlas waiters, finishes nothing until an
+        atlas slot comes. At its whole allowance, with the limit taken, no
+        grant comes unless it gives a slot back. Traded only when the last
+        sync found atlas grantable but for the limit (its share has room, our
+        part of it too): the sync that takes the cedar slot back then grants
+        the supplier we hold fewest of first (``sync.lua``).
+        """
+        mine = self.leased[supplier]
+        if mine < 2 or self.leased_total < self.allowed_total:
+            return False
+        return any(
+            self.leased[other] + 1 < mine
+            and not self.free[other]  # else its waiters' own sync gets it, nothing to trade
+            and self.grantable[other]  # else Redis would hand back the same supplier
+            and any(not granted.done() for _, granted in queue)
+            for other, queue in self._waiting.items()
+            if other != supplier
+        )
+
+    def _take(self, supplier: str) -> None:
+        self._held[supplier] += 1
+        self.in_use += 1
+        if self._held[supplier] >= self.leased[supplier]:
+            self._idle_since[supplier] = None
+
+    def _clock_idle(self, supplier: str) -> None:
+        """Start (or stop) the clock of ``supplier``'s idle leases."""
+        if self._held[supplier] >= self.leased[supplier]:
+            self._idle_since[supplier] = None
+        elif self._idle_since[supplier] is None:
+            self._idle_since[supplier] = time.monotonic()
+
+    def linger_left(self) -> float:
+        """Seconds until the oldest idle slot has been idle for ``LINGER`` (inf: none is)."""
+        since = [at for at in self._idle_since.values() if at is not None]
+        if not since:
+            return math.inf
+        return max(0.0, min(since) + LINGER - time.monotonic())
+
+    def _idle_long(self, supplier: str, now: float) -> bool:
+        """Whether a leased slot of ``supplier`` has been idle for ``LINGER``."""
+        since = self._idle_since[supplier]
+        return since is not None and now - since >= LINGER - IDLE_SLACK
+
+    def _hand_over(self, supplier: str) -> bool:
+        """The slot just freed (or granted) goes to ``supplier``'s first live waiter."""
+        queue = self._waiting[supplier]
+        while queue:
+            _, granted = queue.popleft()
+            if not granted.done():  # else cancelled, about to leave
+                self._take(supplier)
+                granted.set_result(None)
+                return True
+        return False
+
+    def _hand_out_local(self) -> None:
+        """Own limits: the oldest waiter whose supplier is under its share, while slots are free."""
+        while self.in_use < self.limit:
+            chosen: str | None = None
+            first = -1
+            for supplier, queue in self._waiting.items():
+                while queue and queue[0][1].done():
+                    queue.popleft()
+                fits = bool(queue) and self._held[supplier] < self.share
+                if fits and (chosen is None or queue[0][0] < first):
+                    chosen, first = supplier, queue[0][0]
+            if chosen is None:
+                return
+            _, granted = self._waiting[chosen].popleft()
+            self._take(chosen)
+            granted.set_result(None)

@@ -1,0 +1,255 @@
+local id = ARGV[1]
+local ttl, limit, share = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local fresh, quiet_ms = tonumber(ARGV[5]), tonumber(ARGV[6])
+local joined, bye = ARGV[7] == '1', ARGV[8] == '1'
+local may_announce = ARGV[12] == '1'
+local capacity, channel, n = tonumber(ARGV[9]), ARGV[10], tonumber(ARGV[11])
+local names, held, want, deposit, withdraw, pool = {}, {}, {}, {}, {}, {}
+for i = 1, n do
+  local b = 12 + 6 * (i - 1)
+  names[i], held[i], want[i] = ARGV[b + 1], tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  deposit[i], withdraw[i] = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+  pool[i] = tonumber(ARGV[b + 6])
+end
+
+-- "atlas 2 1 0.5 boreal 0 0 3 cedar 1 0 2 <ms>" -> {name -> {held, want, pool}}, ms
+local function parse(record)
+  local f = {}
+  for token in string.gmatch(record, '%S+') do f[#f + 1] = token end
+  local entry = {}
+  for i = 1, #f - 1, 4 do
+    entry[f[i]] = {tonumber(f[i + 1]), tonumber(f[i + 2]), tonumber(f[i + 3])}
+  end
+  return entry, tonumber(f[#f])
+end
+
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+
+-- (2) Workers silent for ttl are gone; so is what they held.
+local dropped = 0
+local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+for _, wid in ipairs(dead) do
+  local record = redis.call('HGET', KEYS[2], wid)
+  if record then
+    for _, hw in pairs(parse(record)) do dropped = dropped + hw[1] end
+    redis.call('HDEL', KEYS[2], wid)
+  end
+  redis.call('ZREM', KEYS[1], wid)
+end
+
+-- An emptied Redis (restart, FLUSHALL) has no epoch. Found so by a worker that
+-- had joined, it grants nothing for quiet_ms: every holder reports first.
+local epoch = tonumber(redis.call('GET', KEYS[4]))
+local reset = false
+if not epoch then
+  epoch = now - quiet_ms
+  if joined then epoch, reset = now, true end
+  redis.call('SET', KEYS[4], epoch)
+end
+local quiet = now < epoch + quiet_ms
+
+-- Whether this worker now holds fewer slots of some supplier than its last record said.
+local previous = redis.call('HGET', KEYS[2], id)
+local lowered = false
+local function lower(now_held)
+  if previous then
+    local entry = parse(previous)
+    for i = 1, n do
+      local before = entry[names[i]]
+      if before and before[1] > now_held[i] then lowered = true end
+    end
+  end
+end
+
+-- (4) Everyone else: what they hold, and what they want if they said so lately.
+local held_all, total_all, others, others_want, pools = {}, 0, {}, 0, {}
+for i = 1, n do held_all[names[i]], pools[names[i]] = 0, 0 end
+local rows = redis.call('HGETALL', KEYS[2])
+for k = 1, #rows, 2 do
+  if rows[k] ~= id then
+    local entry, at = parse(rows[k + 1])
+    local live = at + fresh > now
+    local demand = {id = rows[k], total = 0, per = {}}
+    for name, hw in pairs(entry) do
+      local w = live and hw[2] or 0
+      held_all[name] = (held_all[name] or 0) + hw[1]
+      pools[name] = (pools[name] or 0) + hw[3]
+      total_all = total_all + hw[1]
+      demand.per[name] = hw[1] + w
+      demand.total = demand.total + hw[1] + w
+      others_want = others_want + w
+    end
+    others[#others + 1] = demand
+  end
+end
+
+local starved, full = false, false
+local function publish()
+  if reset then
+    redis.call('PUBLISH', channel, 'reset ' .. id)
+  elseif others_want > 0 and (lowered or dropped > 0) and not full then
+    redis.call('PUBLISH', channel, 'freed ' .. id)
+  elseif starved then
+    redis.call('PUBLISH', channel, 'wanted ' .. id)
+    return 1
+  end
+  return 0
+end
+
+-- (7) Tokens: deposits first, then a withdrawal of whole tokens. Every token is
+-- in the bucket or in a worker's pool, so the bucket holds at most the capacity
+-- less every pool: the fleet together never has more than one bucket.
+local levels = redis.call('HMGET', KEYS[3], unpack(names))
+local taken, level = {}, {}
+local writes = {}
+for i = 1, n do
+  local room = math.max(0, capacity - pools[names[i]] - pool[i])
+  local l = math.min(room, (tonumber(levels[i]) or room) + deposit[i])
+  local t = 0
+  if not bye then t = math.max(0, math.min(withdraw[i], math.floor(l))) end
+  taken[i], level[i] = t, l - t
+  if l ~= tonumber(levels[i]) or t > 0 then
+    writes[#writes + 1] = names[i]
+    writes[#writes + 1] = string.format('%.6f', level[i])
+  end
+end
+if #writes > 0 then redis.call('HSET', KEYS[3], unpack(writes)) end
+
+if bye then
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('HDEL', KEYS[2], id)
+  local none = {}
+  for i = 1, n do none[i] = 0 end
+  lower(none)
+  publish()
+  return {0, 0, 0, #others}
+end
+
+local mine, my_demand = 0, 0
+for i = 1, n do
+  mine = mine + held[i]
+  my_demand = my_demand + held[i] + want[i]
+  held_all[names[i]] = held_all[names[i]] + held[i]
+end
+total_all = total_all + mine
+
+-- (5) Max-min fair division of cap among demands: the small ones in full, the
+-- rest an equal part each; the slots left over rotate among them every second.
+local function fill(cap, my, key)
+  local list = {{id = id, d = my}}
+  for _, o in ipairs(others) do
+    local d = o.total
+    if key then d = o.per[key] or 0 end
+    list[#list + 1] = {id = o.id, d = d}
+  end
+  table.sort(list, function(a, b)
+    if a.d == b.d then return a.id < b.id end
+    return a.d < b.d
+  end)
+  local left, i = cap, 1
+  while i <= #list and list[i].d * (#list - i + 1) <= left do
+    if list[i].id == id then return my end
+    left = left - list[i].d
+    i = i + 1
+  end
+  local rest = {}
+  for j = i, #list do rest[#rest + 1] = list[j].id end
+  table.sort(rest)
+  local m = #rest
+  local part = math.floor(left / m)
+  local extra = left - part * m
+  local start = math.floor(now / 1000) % m
+  for j = 1, m do
+    if rest[j] == id then
+      if (j - 1 - start) % m < extra then return part + 1 end
+      return part
+    end
+  end
+  return my
+end
+
+local allowed_total = fill(limit, my_demand, nil)
+local allowed = {}
+for i = 1, n do allowed[i] = fill(share, held[i] + want[i], names[i]) end
+
+-- (6) Grants, one slot at a time, each to the wanted supplier this worker
+-- holds fewest of (ties rotate): every request asks every supplier, so a
+-- worker with two cedar slots and no atlas slot finishes nothing.
+local granted, room, cap = {}, {}, {}
+local room_total, cap_total = limit - total_all, math.huge
+for i = 1, n do
+  granted[i] = 0
+  room[i] = share - held_all[names[i]]
+  cap[i] = math.huge
+  if others_want > 0 then cap[i] = allowed[i] - held[i] end
+end
+if others_want > 0 then cap_total = allowed_total - mine end
+if not quiet then
+  local start = now % n
+  while room_total > 0 and cap_total > 0 do
+    local best
+    for j = 0, n - 1 do
+      local i = (start + j) % n + 1
+      if granted[i] < want[i] and room[i] > 0 and cap[i] > 0
+          and (not best or held[i] + granted[i] < held[best] + granted[best]) then
+        best = i
+      end
+    end
+    if not best then break end
+    granted[best], room[best], cap[best] = granted[best] + 1, room[best] - 1, cap[best] - 1
+    room_total, cap_total = room_total - 1, cap_total - 1
+  end
+end
+
+-- A slot given back and taken again in the same call (a lopsided lease
+-- traded) frees nothing for anyone else: no message then.
+full = room_total <= 0
+
+-- Still waiting below its fair part while the slots are taken: someone holds
+-- more than theirs, and learns it now rather than at its next heartbeat.
+local after = mine
+for i = 1, n do after = after + granted[i] end
+for i = 1, n do
+  if may_announce and not quiet and granted[i] < want[i] and after < allowed_total
+      and (room_total == 0 or (room[i] == 0 and held[i] + granted[i] < allowed[i])) then
+    starved = true
+  end
+end
+
+local after_grants = {}
+for i = 1, n do after_grants[i] = held[i] + granted[i] end
+lower(after_grants)
+
+-- (3) This worker's whole truth, with a new expiry.
+local parts = {}
+for i = 1, n do
+  parts[#parts + 1] = names[i]
+  parts[#parts + 1] = held[i] + granted[i]
+  parts[#parts + 1] = want[i] - granted[i]
+  parts[#parts + 1] = string.format('%.3f', pool[i] + taken[i])
+end
+parts[#parts + 1] = now
+redis.call('HSET', KEYS[2], id, table.concat(parts, ' '))
+redis.call('ZADD', KEYS[1], now + ttl, id)
+-- Keys of a fleet that stopped altogether vanish on their own.
+redis.call('PEXPIRE', KEYS[1], 10 * ttl)
+redis.call('PEXPIRE', KEYS[2], 10 * ttl)
+
+local announced = publish()
+
+local reply = {quiet and 1 or 0, others_want > 0 and 1 or 0, allowed_total, #others + 1,
+  announced}
+for i = 1, n do
+  local free = math.max(0, math.min(room[i], room_total, cap[i], cap_total))
+  -- Could have been granted, were the limit not full: worth trading a slot for.
+  local grantable = math.max(0, math.min(room[i], cap[i]))
+  if quiet then free, grantable = 0, 0 end
+  reply[#reply + 1] = granted[i]
+  reply[#reply + 1] = allowed[i]
+  reply[#reply + 1] = free
+  reply[#reply + 1] = grantable
+  reply[#reply + 1] = taken[i]
+  reply[#reply + 1] = string.format('%.6f', level[i])
+end
+return reply

@@ -1,0 +1,43 @@
+"""The fleet's clock: how long leases are trusted, how often a worker syncs, how long it waits.
+
+Every value is in seconds. They hang together: a worker renews its record every
+``HEARTBEAT``, Redis drops it ``TTL`` after its last sync, and it uses its leases
+only ``LEASE_TRUST`` after the sync that renewed them (a margin below ``TTL``).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+TTL: Final = 1.0
+"""Seconds after its last sync that a silent worker is dropped, with what it held."""
+HEARTBEAT: Final = TTL / 3
+"""Seconds between syncs of a worker with nothing to ask (its lease renewal)."""
+LEASE_TRUST: Final = TTL * 0.75
+"""Seconds after a sync was sent that its leases are used; a margin below ``TTL``."""
+POLL: Final = 0.05
+"""Seconds between syncs while local waiters got less than they wanted.
+
+A safety net: slots that come back are announced on ``<p>:freed`` at once;
+the poll only covers a lost message and a fair part that changed.
+"""
+LINGER: Final = 0.05
+"""Seconds an idle slot waits for a local taker before the sync that gives it back.
+
+At saturate a worker's slot for one supplier is idle now and then for a few
+ms, between one request's attempt and the next one's. With 5 ms, under a
+loaded CPU, such slots went back and were asked for again at once, each time
+two syncs and a ``freed`` message (0.5–0.9 EVALSHA per answered request); one
+``POLL`` keeps them, and a worker that stopped still gives them back at once
+by human measure.
+"""
+IDLE_SLACK: Final = 0.005
+"""How much sooner than ``LINGER`` an idle slot may be found old enough (two clocks, ms ticks)."""
+RECONNECT: Final = 0.5
+"""Seconds between tries while Redis is out of reach."""
+LISTEN_WAKE: Final = 0.25
+"""Longest wait of the listener's read; it then checks whether it should stop."""
+WANT_FRESH: Final = 3 * POLL
+"""Seconds a reported want counts: a worker that still waits re-syncs every ``POLL``."""
+QUIET: Final = HEARTBEAT + 0.05
+"""Seconds without grants after Redis was found emptied: every holder reports first."""
