@@ -230,19 +230,25 @@ async def test_a_shared_call_to_a_hanging_supplier_counts_as_its_timeout(
 async def test_a_retry_is_planned_on_the_longest_deadline_of_those_waiting(
     start: Any, suppliers: FakeSuppliers
 ) -> None:
-    """Boreal's 503 comes too late for the starter's budget, not for a joiner's: it is retried."""
-    suppliers.script("boreal", delay(0.35, status(503)))
-    client = await start(budget=0.5)
+    """Boreal's 503 comes too late for the starter's budget, not for a joiner's: it is retried.
+
+    The 503 takes 0.3 s of a 0.6 s budget: the starter alone would have 0.3 s
+    left, not enough for the backoff and another 0.3 s attempt; the joiner,
+    150 ms later, has enough.
+    """
+    suppliers.script("boreal", delay(0.3, status(503)))
+    client = await start(budget=0.6)
 
     async def join() -> dict[str, Any]:
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.15)
         return await ask(client, "joiner")
 
     starter, joiner = await asyncio.gather(ask(client, "starter"), join())
     first, second = suppliers.of("boreal")
     assert first.request_id == second.request_id == "starter"
-    # Told the joiner's deadline, which the starter's could not have been: 0.5 s from 0.35 s.
-    assert int(second.headers["X-Deadline-Remaining-Ms"]) > 250
+    # The retry is told the joiner's deadline, later than the starter's by its 150 ms.
+    starters_left = int(first.headers["X-Deadline-Remaining-Ms"]) - (second.at - first.at) * 1000
+    assert int(second.headers["X-Deadline-Remaining-Ms"]) >= starters_left + 100
     assert joiner["best"]["supplier"] == "boreal"
     assert starter["best"]["supplier"] == "boreal"
     outcomes = [a["outcome"] for a in bill(starter, "boreal")["attempts"]]
