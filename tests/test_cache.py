@@ -6,11 +6,13 @@ import asyncio
 import tracemalloc
 from typing import Any
 
+import attrs
 import pytest
 from aiohttp.test_utils import TestClient
 
 from quoteflow.cache import Freshness, QuoteCache, freshness
-from quoteflow.models import SupplierQuote
+from quoteflow.codec import encode_result, to_json
+from quoteflow.models import Failure, QuoteResult, RankedQuote, SupplierQuote
 from tests.conftest import StartQuoteFlow
 from tests.fakes import FakeSuppliers, cacheable, delay, hang, quote, status
 from tests.test_observability import metric
@@ -268,3 +270,28 @@ def test_memory_stays_bounded_under_100000_distinct_skus() -> None:
     assert len(cache) == 1000
     assert late < early * 1.05  # 90,000 SKUs later: entries replaced, nothing added
     assert late < 1000 * 500  # the cache's own bytes per entry (the quotes were made before)
+
+
+def test_an_answer_without_the_cache_is_the_same_bytes() -> None:
+    """``age_s`` is written only for a quote from the cache, as the quote's last key."""
+    fresh = RankedQuote.for_quantity(_quote("KB-001"), 2)
+    aged = RankedQuote.for_quantity(attrs.evolve(_quote("KB-001"), age_s=4.208), 2)
+    result = QuoteResult(
+        sku="KB-001",
+        quantity=2,
+        quotes=(fresh,),
+        failures=(Failure("cedar", "timeout"),),
+        elapsed_ms=1.5,
+        request_id="r1",
+    )
+    quote = (
+        b'{"supplier":"boreal","sku":"KB-001","unit_cents":1100,"shipping_cents":250,'
+        b'"stock":50,"total_cents":2450'
+    )
+    tail = b'"failures":[{"supplier":"cedar","code":"timeout"}],'
+    assert to_json(encode_result(result)) == (
+        b'{"sku":"KB-001","quantity":2,"quotes":[' + quote + b"}],"
+        + tail + b'"best":' + quote + b'},"elapsed_ms":1.5,"request_id":"r1"}'
+    )  # fmt: skip
+    with_age = to_json(encode_result(attrs.evolve(result, quotes=(aged,))))
+    assert with_age.count(quote + b',"age_s":4.208}') == 2  # in quotes and in best
