@@ -5,6 +5,9 @@ and read from the lab's ``/stats`` how many requests each supplier received
 with that request's id. One table row per case, with the line saying what it
 shows, and a check of the failure codes and attempt counts the contract
 expects. Exit code 1 if any case did not behave as expected.
+
+Last come the cases of coalescing and the quote cache, when QuoteFlow runs
+with them (``make run`` does): each sends several requests and shows one.
 """
 
 from __future__ import annotations
