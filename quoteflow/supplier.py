@@ -324,7 +324,11 @@ class SupplierClient:
                     )
                 body = await self._read_body(response)
                 if self._keep_cache_control:
-                    return _Answer(body, response.headers.get(hdrs.CACHE_CONTROL))
+                    # An answer that varies with the request's headers is never
+                    # reused: QuoteFlow's differ on every request (X-Request-ID).
+                    varies = hdrs.VARY in response.headers
+                    cache_control = None if varies else response.headers.get(hdrs.CACHE_CONTROL)
+                    return _Answer(body, cache_control)
                 return body
         except NEVER_RETRIED:
             return _AttemptResult(None, TRANSPORT_ERROR)

@@ -58,13 +58,13 @@ def quote(**overrides: Any) -> Responder:
     return respond
 
 
-def cacheable(cache_control: str) -> Responder:
-    """200 with the catalogue quote and ``Cache-Control: <cache_control>``."""
+def cacheable(cache_control: str, **headers: str) -> Responder:
+    """200 with the catalogue quote, ``Cache-Control: <cache_control>`` and ``headers``."""
 
     async def respond(request: web.Request) -> web.StreamResponse:
         supplier = request.match_info["supplier"]
         body = payload(supplier, request.query["sku"])
-        return web.json_response(body, headers={"Cache-Control": cache_control})
+        return web.json_response(body, headers={"Cache-Control": cache_control, **headers})
 
     return respond
 

@@ -156,6 +156,18 @@ async def test_what_the_supplier_forbids_is_never_stored(
     assert suppliers.count("boreal") == 2
 
 
+async def test_an_answer_that_varies_is_never_stored(
+    start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
+) -> None:
+    """``Vary: X-Request-ID``: every request of QuoteFlow's differs, so none may reuse it."""
+    suppliers.always("boreal", cacheable("max-age=60", Vary="X-Request-ID"))
+    client = await start_quoteflow(cache_size=10)
+    for _ in range(2):
+        answer = await ask(client)
+        assert "age_s" not in quote_of(answer, "boreal")  # type: ignore[operator]
+    assert suppliers.count("boreal") == 2
+
+
 async def test_a_non_200_answer_is_never_stored(
     start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
 ) -> None:
