@@ -13,6 +13,8 @@ from pytest_aiohttp import AiohttpClient
 from quoteflow.app import SUPPLIER_CLIENT, create_app
 from quoteflow.config import Settings
 from quoteflow.handlers import SERVICE
+from quoteflow.models import Failure, QuoteReport, QuoteRequest
+from quoteflow.service import QuoteService
 from tests.conftest import TEST_CONNECT_TIMEOUT
 from tests.fakes import FakeSuppliers, delay, first_time_per_request_id, hang, quote, status
 from tests.test_observability import metric
@@ -272,3 +274,36 @@ async def test_a_call_is_joined_only_within_its_starters_budget(
     assert "joined" not in bill(answers[2], "boreal")
     await settled(client)
     assert shared_tasks() == []
+
+
+async def test_a_joiner_with_a_shorter_deadline_than_the_starter_leaves_alone(
+    start: Any, suppliers: FakeSuppliers
+) -> None:
+    """A request admitted with less budget left joins, times out at its deadline, alone.
+
+    No caller can ask for a shorter budget over HTTP, so this one is sent to
+    the app's own service, as the handler sends it, admitted as if 0.35 s of
+    its 0.5 s budget were gone. The HTTP requests around it get boreal's quote.
+    """
+    suppliers.always("boreal", delay(0.3))
+    client = await start(budget=0.5)
+    service: QuoteService = client.app[SERVICE]
+
+    async def short() -> QuoteReport:
+        await asyncio.sleep(0.05)
+        with service.admitted() as admitted_at:
+            return await service.quote(QuoteRequest(), "short", admitted_at - 0.35)
+
+    async def later() -> dict[str, Any]:
+        await asyncio.sleep(0.1)
+        return await ask(client, "later")
+
+    starter, cut_short, joiner = await asyncio.gather(ask(client, "starter"), short(), later())
+    assert suppliers.count("boreal") == 1
+    assert Failure("boreal", "timeout") in cut_short.result.failures
+    boreal = next(trace for trace in cut_short.traces if trace.supplier == "boreal")
+    assert (boreal.joined, boreal.stopped, boreal.attempts) == ("starter", "deadline", [])
+    for answer in (starter, joiner):
+        assert answer["best"]["supplier"] == "boreal"
+        assert answer["failures"] == []
+    await settled(client)
