@@ -93,15 +93,15 @@ class _SharedCall:
     bill: SupplierTrace
     """Where the call's attempts are recorded, whoever ends up owning them."""
     owner: _Waiter
-    waiters: list[_Waiter]
+    waiters: set[_Waiter]
     deadline: MovingDeadline
     """The longest deadline of those waiting: what the supplier is told, what a retry must fit."""
     task: asyncio.Task[SupplierQuote | Failure] | None = None
 
     def leave(self, waiter: _Waiter) -> None:
-        """``waiter`` no longer waits: the call's deadline is the longest of the rest."""
-        self.waiters.remove(waiter)
-        if self.waiters:
+        """``waiter`` no longer waits: a call still running is under the longest of the rest."""
+        self.waiters.discard(waiter)
+        if self.waiters and self.task is not None and not self.task.done():
             self.deadline.at = max(other.deadline for other in self.waiters)
 
     @property
@@ -141,7 +141,7 @@ class CoalescingGateway:
         if call is None or time.monotonic() >= call.starter.deadline:
             call = self._start(key, waiter, request)
         else:
-            call.waiters.append(waiter)
+            call.waiters.add(waiter)
             call.deadline.at = max(call.deadline.at, deadline)
             self.joins[trace.supplier] = self.joins.get(trace.supplier, 0) + 1
         assert call.task is not None
@@ -162,7 +162,7 @@ class CoalescingGateway:
     def _start(self, key: _Key, starter: _Waiter, request: QuoteRequest) -> _SharedCall:
         bill = SupplierTrace(starter.trace.supplier)
         deadline = MovingDeadline(starter.deadline)
-        call = _SharedCall(key, starter, bill, starter, [starter], deadline)
+        call = _SharedCall(key, starter, bill, starter, {starter}, deadline)
         # Its own task, outside the starter's cancel scope: the starter leaving
         # must not cost the others the call.
         call.task = asyncio.get_running_loop().create_task(self._run(call, request))
