@@ -115,11 +115,16 @@ def freshness(cache_control: str | None, cap: float) -> Freshness | None:
     return found_freshness
 
 
+_LONGEST: Final = 2**31
+"""RFC 9111 §1.2.2: a delta-seconds too large to represent counts as 2^31 s."""
+
+
 def _seconds(value: str | None) -> int | None:
     """RFC 9111 delta-seconds: digits only."""
     if value is None or not value.isascii() or not value.isdigit():
         return None
-    return int(value)
+    # int() refuses more than 4,300 digits, and a header may carry 8,000.
+    return _LONGEST if len(value) > 10 else min(int(value), _LONGEST)
 
 
 COVERED: Final = frozenset({TIMEOUT, TRANSPORT_ERROR, CIRCUIT_OPEN})

@@ -240,6 +240,7 @@ async def test_cache_and_coalescing_together(
         ("max-age=10, stale-if-error=-1", Freshness(10, 0)),
         ("max-age=0, stale-if-error=5", Freshness(0, 5)),
         ("max-age=0", None),
+        ("max-age=" + "9" * 5000, Freshness(30, 0)),  # past int()'s digit limit: 2^31 s, capped
         ("max-age=-1", None),
         ("max-age=1.5", None),
         ("max-age=١٠", None),  # Unicode digits are not delta-seconds
