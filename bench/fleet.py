@@ -22,13 +22,22 @@ fleet (and the mirror), so a noisy neighbour hurts each alike. For each run:
   before and after the run (the bench's own INFO calls left out).
 
 Target: fleet ÷ single ≤ 1.25, as the median over the blocks' triples.
+
+Then, issue 18, the fleet under the goodput run's load with its Redis frozen
+(SIGSTOP) for the middle half of a run: the lab's peak in flight over that
+run (each worker keeps to its safe share, so at most the outbound limit,
+transitions included), and the 200s a second while frozen against the
+goodput run with Redis up.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -330,6 +339,72 @@ def goodput_run(bench: Bench, fleet: Deployment) -> dict[str, Any]:
     }
 
 
+def frozen_run(bench: Bench, fleet: Deployment) -> dict[str, Any]:
+    """Issue 18: the goodput run's load, Redis frozen (SIGSTOP) from ¼ to ¾ of the run.
+
+    The lab's statistics are zeroed before the run, so its ``max_active``
+    is the peak over the whole run: while frozen, and the switches to the
+    safe share and back. Goodput while frozen is read from wrk's timeline
+    (200s per 100 ms of the monotonic clock, ``post.lua``).
+    """
+    redis = fleet.redis
+    assert redis is not None
+    latency_ms = 50
+    duration_s = max(2.0, round(2 * bench.options.duration_s))
+    bench.set_latency(latency_ms)
+    bench.settle()
+    bench.reset_lab()
+    moments: dict[str, float] = {}
+
+    def freeze() -> None:
+        os.kill(redis.pid, signal.SIGSTOP)
+        moments["frozen"] = time.monotonic()
+
+    def thaw() -> None:
+        if "frozen" in moments and "thawed" not in moments:
+            os.kill(redis.pid, signal.SIGCONT)
+            moments["thawed"] = time.monotonic()
+
+    timers = [
+        threading.Timer(duration_s / 4, freeze),
+        threading.Timer(3 * duration_s / 4, thaw),
+    ]
+    for timer in timers:
+        timer.start()
+    try:
+        run = run_wrk(
+            bench.wrk,
+            fleet.url,
+            connections=4 * bench.limits.inbound,
+            duration_s=duration_s,
+            scenario="normal",
+            out_dir=bench.raw_dir,
+            tag="fleet-frozen",
+            timeline=True,
+        )
+    finally:
+        for timer in timers:
+            timer.cancel()
+        thaw()  # never leave the fleet's Redis stopped
+    bench.settle()
+    status, _, stats = http("GET", bench.lab.url + "/stats")
+    if status != 200:
+        raise BenchError(f"lab /stats answered {status}")
+    bench.set_latency(0)
+    # Whole 100 ms slots inside the frozen spell only.
+    first = int(moments["frozen"] * 10) + 1
+    last = int(moments["thawed"] * 10) - 1
+    slots = [run.timeline.get(slot, {}).get("n", 0) for slot in range(first, last)]
+    return {
+        "latency_ms": latency_ms,
+        "frozen_s": round(moments["thawed"] - moments["frozen"], 3),
+        "max_active": stats["max_active"],
+        "limit": bench.limits.outbound,
+        "rate_200_frozen": sum(slots) / (len(slots) / 10) if slots else None,
+        "statuses": {str(k): v for k, v in sorted(run.statuses.items())},
+    }
+
+
 def run_order(rounds: int) -> list[str]:
     """Contenders in the order they run: blocks of A B C C B A, every other block mirrored."""
     order: list[str] = []
@@ -374,6 +449,15 @@ def run_fleet(bench: Bench) -> dict[str, Any]:
         fleet = deployments[FLEET]
         goodput = goodput_run(bench, fleet)
         print(f"  fleet    goodput   {goodput['rate_200']:9.1f} 200/s at 50 ms", flush=True)
+        # Counted before the frozen run, which falls back on purpose.
+        downs = coordination_downs(fleet)
+        frozen = frozen_run(bench, fleet)
+        print(
+            f"  fleet    frozen    {frozen['rate_200_frozen'] or 0:9.1f} 200/s at 50 ms, "
+            f"lab peak {frozen['max_active']} in flight (limit {frozen['limit']})",
+            flush=True,
+        )
+        time.sleep(2.0)  # back to leases (within 2 s of Redis answering)
         bench.settle()
         answers = http("POST", fleet.url + "/api/quotes", {"sku": "KB-001", "quantity": 1})
         body = answers[2] if isinstance(answers[2], dict) else {}
@@ -385,17 +469,19 @@ def run_fleet(bench: Bench) -> dict[str, Any]:
         "workload": attrs.asdict(workload),
         "runs": runs,
         "goodput": goodput,
+        "frozen": frozen,
         "fleet_still_answers": still,
-        "coordination_down": coordination_downs(deployments[FLEET]),
+        "coordination_down": downs,
     }
 
 
 def coordination_downs(fleet: Deployment) -> int:
-    """``coordination_down`` events the fleet's workers logged: fallbacks to their own limits.
+    """``coordination_down`` events the fleet's workers logged: fallbacks to the safe share.
 
-    Any would mean the figures include spells of per-worker limits (up to
-    ``WORKERS`` × the outbound limit), e.g. a redis-server starved of CPU by
-    the load on this very machine for longer than ``--redis-timeout``.
+    Any would mean the figures include spells of each worker on its own safe
+    share (the outbound limit ÷ ``WORKERS``, not leases), e.g. a redis-server
+    starved of CPU by the load on this very machine for longer than
+    ``--redis-timeout``.
     """
     text = fleet.gunicorn.log_path.read_text(errors="replace")
     return text.count('"event":"coordination_down"')
@@ -439,6 +525,7 @@ def summarize(section: dict[str, Any], overload: dict[str, Any] | None = None) -
         "redis_calls_per_request": spread(r["redis_calls_per_request"] for r in by[FLEET]),
         "round_trips_per_request": spread(r["round_trips_per_request"] for r in by[FLEET]),
         "goodput": section.get("goodput"),
+        "frozen": section.get("frozen"),
         "single_goodput": (overload or {}).get("rate_200"),
         "cpu_ratio": spread(ratios["fleet/single"]),
         "cpu_ratio_split": spread(ratios["fleet/split"]),
@@ -487,6 +574,34 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 goodput["rate_200"] >= wanted,
             )
         )
+    frozen = summary.get("frozen")
+    if frozen:
+        good_rows.append(
+            Target(
+                "fleet",
+                f"lab's peak in flight, Redis frozen (SIGSTOP) {frozen['frozen_s']:.1f} s"
+                f" mid-run, {frozen['latency_ms']} ms suppliers",
+                str(frozen["max_active"]),
+                "",
+                "",
+                f"≤ {frozen['limit']} (the limit; issue 18)",
+                frozen["max_active"] <= frozen["limit"],
+            )
+        )
+        rate = frozen.get("rate_200_frozen")
+        if goodput and rate is not None:
+            up = goodput["rate_200"]
+            good_rows.append(
+                Target(
+                    "fleet",
+                    "goodput (200/s): Redis frozen | up (the goodput run)",
+                    f"{rate:.1f}",
+                    f"{up:.1f}",
+                    f"{rate / up:.2f}" if up else "",
+                    "≥ 0.8 × up (issue 18)",
+                    bool(up) and rate >= 0.8 * up,
+                )
+            )
     return [
         attrs.asdict(row)
         for row in (
@@ -526,7 +641,7 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
             *good_rows,
             Target(
                 "fleet",
-                "coordination_down events (fallbacks to per-worker limits)",
+                "coordination_down events before the frozen run (fallbacks to the safe share)",
                 str(summary.get("coordination_down")),
                 "",
                 "",

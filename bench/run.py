@@ -8,10 +8,12 @@ wrk's counts and per-status latency histograms, the CPU time of the service,
 the lab and wrk itself, and what the lab saw. After each workload a normal
 request must still get all three quotes from both. Then the hot section
 (``bench/hot.py``, issue 21): four QuoteFlow processes — neither, coalescing,
-the quote cache, both — under many callers asking for a few popular SKUs.
-Last, the fleet section (``bench/fleet.py``, issue 12): QuoteFlow under
-gunicorn with 2 workers and Redis against the single process, CPU per
-answered request and Redis commands per request.
+the quote cache, both — under many callers asking for a few popular SKUs. Then
+the abuse section (``bench/connections.py``, issue 18): normal callers' goodput
+while an attacker hoards 3,000 idle and 100 dribbling connections. Last, the
+fleet section (``bench/fleet.py``, issue 12): QuoteFlow under gunicorn with 2
+workers and Redis against the single process, CPU per answered request and
+Redis commands per request.
 
 Output: a table with each target of issue 5 marked met or not met,
 ``bench/results/latest.json`` and PNG plots beside it.
@@ -38,7 +40,7 @@ from typing import Any
 
 import attrs
 
-from bench import fleet, hot, report
+from bench import connections, fleet, hot, report
 from bench.procs import (
     BenchError,
     Service,
@@ -112,7 +114,7 @@ def parse_options(argv: Sequence[str]) -> Options:
     if duration < 1 or rounds < 1:
         parser.error("--duration must be at least 1 and --rounds at least 1")
     only = tuple(name for name in args.only.split(",") if name)
-    known = [w.name for w in all_workloads(Limits(), 1)] + ["hot", "fleet"]
+    known = [w.name for w in all_workloads(Limits(), 1)] + ["hot", "fleet", "abuse"]
     if unknown := [name for name in only if name not in known]:
         parser.error(f"unknown workload {', '.join(unknown)}; choose from {', '.join(known)}")
     return Options(
@@ -574,6 +576,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["workloads"][workload.name] = bench.run_workload(workload)
         if not options.only or "hot" in options.only:
             results["hot"] = hot.run_hot(bench)
+        if not options.only or "abuse" in options.only:
+            results["abuse"] = connections.run_abuse(bench)
         if not options.only or "fleet" in options.only:
             results["fleet"] = fleet.run_fleet(bench)
         results["explain"] = bench.explain_bills()
@@ -596,6 +600,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["fleet"], results["summary"].get("overload", {}).get("quoteflow")
         )
         results["summary"]["targets"] += fleet.targets(results["summary"]["fleet"])
+    if "abuse" in results:
+        results["summary"]["abuse"] = connections.summarize(results["abuse"])
+        results["summary"]["targets"] += connections.targets(results["summary"]["abuse"])
     results["elapsed_s"] = round(time.monotonic() - began, 1)
     options.out_dir.mkdir(parents=True, exist_ok=True)
     out = options.out_dir / "latest.json"

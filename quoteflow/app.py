@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shlex
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import aiohttp
 from aiohttp import web
@@ -23,11 +24,18 @@ from quoteflow.breaker import Breakers
 from quoteflow.cache import CachingGateway, QuoteCache
 from quoteflow.coalesce import CoalescingGateway
 from quoteflow.config import SUPPLIERS, Settings
+from quoteflow.connections import ConnectionLimits, GuardedRunner, reserve_descriptors
 from quoteflow.fleet import Coordinator
 from quoteflow.hostmetrics import HostTelemetry
 from quoteflow.logs import log_event
 from quoteflow.observe import PlainGauge, ReadCounter, Telemetry
-from quoteflow.options import ConfigError, loggable, metrics_dir, settings_from_environ
+from quoteflow.options import (
+    GUNICORN_MASTER_ENV,
+    ConfigError,
+    loggable,
+    metrics_dir,
+    settings_from_environ,
+)
 from quoteflow.retry import RetryBudget, RetryLimiter
 from quoteflow.service import QuoteService, SupplierGateway
 from quoteflow.slots import OutboundLimiter, OutboundSlots
@@ -131,14 +139,22 @@ async def gunicorn_app() -> web.AppRunner:
     event loop (the worker class). A bad value prints QuoteFlow's one-line
     error and exits with gunicorn's boot-error code, so the master stops
     with "Worker failed to boot." instead of starting workers that would fail
-    the same way. With ``PROMETHEUS_MULTIPROC_DIR`` set, ``/metrics`` reports
-    the whole host.
+    the same way. ``/metrics`` reports the whole host, which needs the
+    master to run ``gunicorn_conf`` (it prepares the shared metrics
+    directory): a worker whose master did not refuses to boot the same way,
+    its one line giving the command with the config added.
     """
     try:
         settings = settings_from_environ(os.environ)
+        reserve_descriptors(ConnectionLimits.of(settings), settings.outbound_limit)
     except ConfigError as exc:
         print(f"quoteflow: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(WORKER_BOOT_ERROR) from None
+    if os.environ.get(GUNICORN_MASTER_ENV) != str(os.getppid()):
+        # Without gunicorn_conf nobody prepares the shared metrics files, and
+        # each worker's /metrics would silently be its own share of the host.
+        print(f"quoteflow: error: {_without_config()}", file=sys.stderr, flush=True)
+        raise SystemExit(WORKER_BOOT_ERROR)
     logs.configure(settings.log_level, settings.log_format, process_ids=True)
     host_metrics = metrics_dir(os.environ) is not None
     fields = loggable(settings)
@@ -153,7 +169,57 @@ async def gunicorn_app() -> web.AppRunner:
     return DrainingRunner(create_app(settings, host_metrics=host_metrics))
 
 
-class DrainingRunner(web.AppRunner):
+def _without_config(argv: Sequence[str] = sys.argv) -> str:
+    """Why a worker of a gunicorn started without ``gunicorn_conf`` refuses, and the command to run.
+
+    A worker is a fork of its master: ``argv`` is the master's command line,
+    given back with QuoteFlow's config in place of any other.
+    """
+    program = [sys.executable, "-m", "gunicorn"] if argv[0].endswith("__main__.py") else argv[:1]
+    rest: list[str] = []
+    args = iter(argv[1:])
+    for arg in args:
+        if arg in ("-c", "--config"):
+            next(args, None)
+        elif not arg.startswith(("--config=", "-c")):
+            rest.append(arg)
+    command = [*program, "-c", "python:quoteflow.gunicorn_conf", *rest]
+    return (
+        "under gunicorn, /metrics adds up every worker only with QuoteFlow's gunicorn config;"
+        f" start it with: {shlex.join(command)}"
+    )
+
+
+class ServingRunner(GuardedRunner):
+    """The runner QuoteFlow serves with, under ``python -m quoteflow`` and gunicorn alike.
+
+    Its connections keep to the header timeout, the idle timeout and the
+    connection cap (``connections.py``), counted in ``/metrics``.
+    """
+
+    def __init__(self, app: web.Application) -> None:
+        settings = app[SETTINGS]
+        super().__init__(
+            app,
+            limits=ConnectionLimits.of(settings),
+            access_log=None,
+            # A caller that hangs up stops paying: its fan-out is cancelled at once.
+            handler_cancellation=True,
+            shutdown_timeout=settings.budget + 1.0,
+        )
+
+    async def setup(self) -> None:
+        """Start the app, then show its connections in ``/metrics``."""
+        await super().setup()
+        server, gate = self.guarded, self.gate
+        self.app[handlers.TELEMETRY].watch_connections(
+            open_now=lambda: server.open,
+            closed=lambda: server.closed,
+            pauses=lambda: gate.pauses,
+        )
+
+
+class DrainingRunner(ServingRunner):
     """The runner of a gunicorn worker: it stops the way ``python -m quoteflow`` does.
 
     gunicorn's aiohttp worker stops its runner with ``cleanup()`` once it has
@@ -162,16 +228,6 @@ class DrainingRunner(web.AppRunner):
     while everything else still serves; then aiohttp closes the listener and
     lets in-flight requests finish, each within its budget.
     """
-
-    def __init__(self, app: web.Application) -> None:
-        settings = app[SETTINGS]
-        super().__init__(
-            app,
-            access_log=None,
-            # A caller that hangs up stops paying: its fan-out is cancelled at once.
-            handler_cancellation=True,
-            shutdown_timeout=settings.budget + 1.0,
-        )
 
     async def cleanup(self) -> None:
         """Drain, then stop as aiohttp does."""
@@ -185,7 +241,7 @@ async def _coordination(app: web.Application) -> AsyncIterator[None]:
     """Fleet mode: join the other workers through Redis, and leave them at shutdown.
 
     Starting opens no connection that could block: a Redis that is down at
-    start-up only means this worker starts on its own limits and joins later.
+    start-up only means this worker starts on its own (one attempt at a time) and joins later.
     """
     coordinator = Coordinator(app[SETTINGS])
     await coordinator.start()

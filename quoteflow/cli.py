@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from quoteflow import logs
-from quoteflow.app import begin_draining, create_app
+from quoteflow.app import ServingRunner, begin_draining, create_app
 from quoteflow.config import Settings
+from quoteflow.connections import ConnectionLimits, reserve_descriptors
 from quoteflow.logs import log_event
 from quoteflow.options import ConfigError, loggable, parse_settings
 from quoteflow.reload import reload_all
@@ -28,6 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run QuoteFlow until interrupted; a bad setting exits 2 with one line."""
     try:
         settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
+        reserve_descriptors(ConnectionLimits.of(settings), settings.outbound_limit)
     except ConfigError as exc:
         print(f"quoteflow: error: {exc}", file=sys.stderr)
         return 2
@@ -69,13 +71,7 @@ async def _run(settings: Settings) -> None:
     3. The ``ClientSession`` closes. The process exits 0.
     """
     app = create_app(settings)
-    runner = web.AppRunner(
-        app,
-        access_log=None,
-        # A caller that hangs up stops paying: its fan-out is cancelled at once.
-        handler_cancellation=True,
-        shutdown_timeout=settings.budget + 1.0,
-    )
+    runner = ServingRunner(app)
     await runner.setup()
     try:
         await web.TCPSite(runner, settings.host, settings.port).start()

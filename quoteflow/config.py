@@ -108,6 +108,12 @@ class Settings:
     """Seconds between a stop signal and closing the listener, with ``/ready`` at 503."""
     body_timeout: float = attrs.field(default=1.0, validator=_positive)
     """Seconds an inbound body may take to arrive before the answer is 408."""
+    header_timeout: float = attrs.field(default=5.0, validator=_positive)
+    """Seconds a request head (request line and headers) may take to arrive once it began."""
+    idle_timeout: float = attrs.field(default=15.0, validator=_positive)
+    """Seconds a connection with no request in progress stays open."""
+    max_connections: int = attrs.field(default=1024, validator=[v.ge(1), v.le(1_000_000)])
+    """Open inbound connections per process; at the cap the longest-idle one makes room."""
     max_request_bytes: int = attrs.field(default=16 * 1024, validator=v.ge(1))
     max_supplier_body_bytes: int = attrs.field(default=64 * 1024, validator=v.ge(1))
     """Cap on a supplier's decoded body; anything longer is ``invalid_data``."""
@@ -121,7 +127,7 @@ class Settings:
     """Fleet mode: the Redis that holds the outbound limit, shares and retry budgets of
     every worker (``redis://host:port/db``); ``None`` (the default): one process, in memory."""
     redis_timeout: float = attrs.field(default=0.05, validator=_positive)
-    """Time limit of every Redis call, seconds; past it the worker uses its own limits."""
+    """Time limit of every Redis call, seconds; past it the worker keeps to its safe share."""
     redis_prefix: str = attrs.field(default="quoteflow")
     """Prefix of QuoteFlow's Redis keys, so several fleets can share one Redis."""
     coalesce: bool = attrs.field(default=False, validator=v.instance_of(bool))
@@ -190,6 +196,15 @@ class Settings:
     def _check_breaker_open_max(self, attribute: attrs.Attribute[float], value: float) -> None:
         if value < self.breaker_open:
             raise ValueError("breaker_open_max must not be below breaker_open")
+
+    @idle_timeout.validator
+    def _check_idle_timeout(self, attribute: attrs.Attribute[float], value: float) -> None:
+        # A head that began on an idle connection gets the whole header timeout.
+        if value < self.header_timeout:
+            raise ValueError(
+                f"header_timeout ({self.header_timeout} s) must not be above"
+                f" idle_timeout ({value} s)"
+            )
 
     @backoff_max.validator
     def _check_backoff(self, attribute: attrs.Attribute[float], value: float) -> None:

@@ -7,8 +7,7 @@ Command-line options win over everything here. What it adds to gunicorn:
 
 - **QuoteFlow's settings are checked once, in the master,** before any worker
   starts: a bad ``QUOTEFLOW_*`` value prints QuoteFlow's one-line error and
-  gunicorn exits 2. (Without this file each worker refuses it the same way and
-  the master stops with "Worker failed to boot.", exit 3.)
+  gunicorn exits 2.
 - **Defaults from QuoteFlow's settings:** ``bind`` is
   ``QUOTEFLOW_HOST:QUOTEFLOW_PORT`` (127.0.0.1:9100); the worker class is
   aiohttp's uvloop worker; ``graceful_timeout`` and ``timeout`` leave room
@@ -18,7 +17,9 @@ Command-line options win over everything here. What it adds to gunicorn:
   emptied when the master starts, and a worker's live gauges removed when it
   exits. If the variable is set, that directory is used (created if missing,
   its ``*.db`` files deleted at start); if not, the master makes a private
-  temporary directory and removes it when it exits.
+  temporary directory and removes it when it exits. Without this file a
+  worker cannot know its metrics would be the host's: it refuses to boot,
+  printing the command with ``-c python:quoteflow.gunicorn_conf`` added.
 """
 
 from __future__ import annotations
@@ -32,7 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from quoteflow.config import Settings
-from quoteflow.options import METRICS_DIR_ENV, ConfigError, settings_from_environ
+from quoteflow.options import (
+    GUNICORN_MASTER_ENV,
+    METRICS_DIR_ENV,
+    ConfigError,
+    settings_from_environ,
+)
 
 # Read at import, which gunicorn does once, in the master, to learn ``bind``;
 # a problem is reported by ``on_starting``, where it can stop gunicorn cleanly.
@@ -83,6 +89,8 @@ def on_starting(server: Any) -> None:
     # Files of a previous run would be added to this one's totals.
     for stale in path.glob("*.db"):
         stale.unlink(missing_ok=True)
+    # The workers check it is their own master that did this (``app.gunicorn_app``).
+    os.environ[GUNICORN_MASTER_ENV] = str(os.getpid())
 
 
 def child_exit(server: Any, worker: Any) -> None:

@@ -357,7 +357,7 @@ class Telemetry:
         gauges = (
             gauge(
                 "quoteflow_coordination_up",
-                "1 while Redis answers, 0 on local limits.",
+                "1 while Redis answers, 0 on the safe share (on its own).",
                 up,
                 "livemin",
             ),
@@ -381,6 +381,33 @@ class Telemetry:
                 "Syncs with Redis by result.",
                 ("result",),
                 lambda: {(result,): count for result, count in syncs().items()},
+            ),
+        )
+
+    def watch_connections(
+        self,
+        open_now: Callable[[], float],
+        closed: Callable[[], Mapping[str, int]],
+        pauses: Callable[[], float],
+    ) -> None:
+        """The inbound connections (``connections.py``), read at scrape time."""
+        gauge = PlainGauge(
+            "quoteflow_connections_open", "Inbound connections open now.", host_mode="livesum"
+        )
+        gauge.readers[()] = open_now
+        self.add(
+            gauge,
+            ReadCounter(
+                "quoteflow_connections_closed",
+                "Inbound connections QuoteFlow closed: to make room at the cap, or a slow head.",
+                ("reason",),
+                lambda: {(reason,): float(count) for reason, count in closed().items()},
+            ),
+            ReadCounter(
+                "quoteflow_accept_pauses",
+                "Times accepting stopped because every connection had a request in progress.",
+                (),
+                lambda: {(): pauses()},
             ),
         )
 

@@ -62,6 +62,12 @@ _OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "retry_budget_capacity": (float, "retries a supplier may spend in a burst (20)"),
     "retry_budget_earn": (float, "share of a retry each request earns (0.1)"),
     "body_timeout": (float, "seconds an inbound body may take to arrive (1.0)"),
+    "header_timeout": (float, "seconds a request head may take to arrive, once begun (5)"),
+    "idle_timeout": (float, "seconds a connection with no request in progress stays open (15)"),
+    "max_connections": (
+        int,
+        "open connections per process; at the cap the longest-idle one is closed (1024)",
+    ),
     "shutdown_drain": (float, "seconds /ready says 503 before the listener closes (0.5)"),
     "connect_timeout": (float, "socket connect timeout of one attempt, seconds"),
     "read_timeout": (float, "longest silence while reading an answer, seconds"),
@@ -176,6 +182,10 @@ def settings_from_environ(environ: Mapping[str, str]) -> Settings:
     """``Settings`` from ``QUOTEFLOW_*`` variables alone (a gunicorn worker has no flags)."""
     return parse_settings([], environ)
 
+
+GUNICORN_MASTER_ENV = "QUOTEFLOW_GUNICORN_MASTER"
+"""Set by ``gunicorn_conf`` in gunicorn's master to its process id: its workers then know that
+the master prepares host-wide metrics (not a setting: no flag, never set by hand)."""
 
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 """prometheus-client's own variable: set, a process writes its metrics to files in it."""

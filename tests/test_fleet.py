@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import random
 import signal
 import sys
@@ -23,7 +24,17 @@ import pytest
 from redis.asyncio import Redis
 
 from quoteflow.config import SUPPLIERS, Settings
-from quoteflow.fleet import HEARTBEAT, LINGER, LOCAL, TTL, Coordinator, fleet_holdings
+from quoteflow.fleet import (
+    HEARTBEAT,
+    LEASE_TRUST,
+    LINGER,
+    LOCAL,
+    TTL,
+    Coordinator,
+    LoopFairTimeout,
+    fleet_holdings,
+    safe_share,
+)
 from tests.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 REDIS_TIMEOUT = 0.2
 """Generous for a loaded test machine: a slow call here must not look like Redis down."""
+NARROW = LEASE_TRUST + Settings().budget
+"""Seconds a worker gone local keeps within its own leases, at the default budget."""
 
 
 def fleet_settings(redis: RedisServer, **overrides: Any) -> Settings:
@@ -338,10 +351,10 @@ async def test_no_trade_for_a_supplier_whose_share_is_full(redis_server: RedisSe
                         worker.slots.release(supplier)
 
 
-async def test_redis_stopped_means_local_limits_then_the_fleet_again(
+async def test_redis_stopped_means_the_safe_share_then_the_fleet_again(
     redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Redis gone: one warning each, own limits at once; back within 2 s, nothing lost."""
+    """Redis gone: one warning each, then half the limit each (3, 2 per supplier); back in 2 s."""
     with down_events(caplog) as named:
         async with workers(redis_server) as (first, second):
             for _ in range(4):
@@ -351,26 +364,237 @@ async def test_redis_stopped_means_local_limits_then_the_fleet_again(
             assert not waiter.done()  # the fleet's share of boreal is taken
 
             await asyncio.to_thread(redis_server.stop)  # the loop keeps serving meanwhile
-            await asyncio.wait_for(waiter, 1.5)  # own limits: served once the worker knows
+            # On the safe share once attempts on first's leases may be over too.
+            await asyncio.wait_for(waiter, 1.5 + NARROW)
             await wait_until(lambda: not first.up and not second.up, within=1.5)
             assert first.slots.mode == second.slots.mode == LOCAL
-            for _ in range(4):  # each worker on its own: up to the limit, fleet or not
+            await wait_until(lambda: second.slots.local_limit == 3, within=NARROW + 0.2)
+            for _ in range(2):  # atlas' safe share: 4 // 2
                 await asyncio.wait_for(second.slots.acquire("atlas"), 0.1)
-            await asyncio.sleep(0.6)  # a few failed reconnects: still one warning each
+            with pytest.raises(TimeoutError):  # 3 in all: 6 // 2, never the whole limit
+                await asyncio.wait_for(second.slots.acquire("cedar"), 0.1)
+            with pytest.raises(TimeoutError):  # first already runs 4, above its 3
+                await asyncio.wait_for(first.slots.acquire("atlas"), 0.1)
+            await asyncio.sleep(0.4)  # a few failed reconnects: still one warning each
             assert sorted(named("coordination_down")) == sorted([first.worker_id, second.worker_id])
 
             await asyncio.to_thread(redis_server.start)
             back = await wait_until(lambda: first.up and second.up, within=2.5)
             assert back <= 2.0
             # Each reported what it holds right now: no slot lost, none counted twice.
-            assert await fleet_held(redis_server) == {"atlas": 4, "boreal": 5, "cedar": 0}
+            assert await fleet_held(redis_server) == {"atlas": 2, "boreal": 5, "cedar": 0}
             for _ in range(4):
                 first.slots.release("boreal")
-                second.slots.release("atlas")
-            second.slots.release("boreal")
+            for supplier in ("atlas", "atlas", "boreal"):
+                second.slots.release(supplier)
             await wait_until(lambda: first.slots.leased_total == second.slots.leased_total == 0)
             assert await fleet_held(redis_server) == dict.fromkeys(SUPPLIERS, 0)
             assert len(named("coordination_down")) == 2
+
+
+async def test_a_worker_on_its_own_keeps_within_its_leases_while_others_may_use_theirs(
+    redis_server: RedisServer,
+) -> None:
+    """Redis frozen, found so by one worker first: it takes no boreal while the other holds 4.
+
+    The other still trusts its leases (it has not synced since) and may start
+    attempts on them; the first widens to its safe share only once those
+    leases have lapsed and their attempts are over (``LEASE_TRUST`` + budget).
+    """
+    process = redis_server.process
+    assert process is not None
+    async with workers(redis_server, budget=0.3) as (first, second):
+        for _ in range(4):
+            await first.slots.acquire("boreal")
+        await second.slots.acquire("cedar")
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            second.request_sync(0, force=True)
+            await wait_until(lambda: second.slots.mode == LOCAL, within=0.5)
+            gone_local = time.monotonic()
+            assert (second.slots.local_limit, second.slots.local_share) == (
+                1,
+                {"atlas": 0, "boreal": 0, "cedar": 1},
+            )
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(second.slots.acquire("boreal"), 0.1)
+            second.slots.release("cedar")
+            await asyncio.wait_for(second.slots.acquire("cedar"), 0.1)  # its own lease, again
+            await wait_until(lambda: second.slots.local_limit == 3, within=LEASE_TRUST + 0.5)
+            assert time.monotonic() - gone_local >= LEASE_TRUST + 0.3 - 0.05
+            assert second.slots.local_share == dict.fromkeys(SUPPLIERS, 2)
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        for _ in range(4):
+            first.slots.release("boreal")
+        second.slots.release("cedar")
+
+
+async def test_back_from_its_own_a_worker_asks_for_no_more_than_its_safe_share(
+    redis_server: RedisServer,
+) -> None:
+    """Redis frozen past the TTL, then back: Redis forgot both; each still holds 3 at most.
+
+    Each worker runs 3 attempts on its own and has 3 more waiting. The first
+    back is alone in Redis' eyes (both records expired): granted what it
+    waits for, it would run 6 while the other still runs its 3.
+    """
+    process = redis_server.process
+    assert process is not None
+    suppliers = ("atlas", "boreal", "cedar")
+    async with workers(redis_server, budget=0.3) as both:
+        await wait_until(lambda: all(w.slots.workers == 2 for w in both), within=1.0)
+        os.kill(process.pid, signal.SIGSTOP)
+        try:
+            for worker in both:
+                worker.request_sync(0, force=True)
+            await wait_until(lambda: all(w.slots.mode == LOCAL for w in both), within=1.0)
+            await wait_until(lambda: all(w.slots.local_limit == 3 for w in both), within=1.5)
+            for worker in both:
+                for supplier in suppliers:
+                    await asyncio.wait_for(worker.slots.acquire(supplier), 0.1)
+            waiting = [
+                asyncio.create_task(worker.slots.acquire(supplier))
+                for worker in both
+                for supplier in suppliers
+            ]
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        try:
+            running = 0
+            while not all(w.up for w in both) or running < 20:  # and 100 ms more
+                assert [w.slots.in_use for w in both] == [3, 3]
+                running += all(w.up for w in both)
+                await asyncio.sleep(0.005)
+            assert not any(task.done() for task in waiting)  # the limit is full
+        finally:
+            for task in waiting:
+                task.cancel()
+            await asyncio.gather(*waiting, return_exceptions=True)
+            for worker in both:
+                for supplier in suppliers:
+                    for _ in range(worker.slots.held(supplier)):
+                        worker.slots.release(supplier)
+
+
+async def test_on_its_own_a_worker_keeps_each_suppliers_share(redis_server: RedisServer) -> None:
+    """Alone and cut off from Redis, 6 boreal attempts at once: 4 run (its share), 2 wait."""
+    async with workers(redis_server, count=1) as (worker,):
+        slots = worker.slots
+        await asyncio.to_thread(redis_server.stop)
+        await wait_until(lambda: slots.mode == LOCAL, within=1.5)  # found at its heartbeat
+        assert slots.safe_limits() == (6, dict.fromkeys(SUPPLIERS, 4))  # 1 live worker
+        attempts = [asyncio.create_task(slots.acquire("boreal")) for _ in range(6)]
+        try:
+            await asyncio.sleep(0.05)
+            assert [a.done() for a in attempts] == [True] * 4 + [False] * 2
+            assert slots.held("boreal") == 4
+            slots.release("boreal")
+            await asyncio.sleep(0)
+            assert [a.done() for a in attempts] == [True] * 5 + [False]
+        finally:
+            for attempt in attempts:
+                attempt.cancel()
+            await asyncio.gather(*attempts, return_exceptions=True)
+            for _ in range(slots.held("boreal")):
+                slots.release("boreal")
+        await asyncio.to_thread(redis_server.start)  # the fixture's goodbye finds it back
+
+
+async def test_redis_frozen_then_stopped_under_load_keeps_the_limit(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two busy workers; Redis SIGSTOPped, then stopped: never over 6 (4 per supplier), back in 2 s.
+
+    On their own each keeps 3 slots busy, together the fleet's 6; coming back
+    one at a time (a stopped Redis answers each worker's next try, 0.5 s
+    apart at worst), the first back asks for no more than its safe share
+    while the other may still be on its own.
+    """
+    meter = Meter()
+    process = redis_server.process
+    assert process is not None
+    pid = process.pid
+    with down_events(caplog) as named:
+        async with workers(redis_server, budget=0.3) as (first, second):
+            load = [
+                asyncio.create_task(meter.keep_busy(worker, 4.2, hold=0.01))
+                for worker in (first, second)
+                for _ in range(8)
+            ]
+            try:
+                await asyncio.sleep(0.3)
+                os.kill(pid, signal.SIGSTOP)
+                try:
+                    await wait_until(lambda: not first.up and not second.up, within=1.0)
+                    # Within their own leases until those may be over elsewhere.
+                    await asyncio.sleep(LEASE_TRUST + 0.3)
+                    done_before = sum(meter.done.values())
+                    await asyncio.sleep(0.4)
+                    frozen = (sum(meter.done.values()) - done_before) / 0.4
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+                resumed = time.monotonic()
+                await wait_until(lambda: first.up and second.up, within=2.5)
+                assert time.monotonic() - resumed <= 2.0
+                await asyncio.sleep(0.3)
+                await asyncio.to_thread(redis_server.stop)
+                await wait_until(lambda: not first.up and not second.up, within=1.0)
+                await asyncio.sleep(0.4)
+                await asyncio.to_thread(redis_server.start)
+                started = time.monotonic()
+                await wait_until(lambda: first.up and second.up, within=2.5)
+                assert time.monotonic() - started <= 2.0
+            finally:
+                await asyncio.gather(*load)
+        assert sorted(named("coordination_down")) == sorted([first.worker_id, second.worker_id] * 2)
+    assert meter.peak_total <= 6
+    assert max(meter.peak.values()) <= 4
+    assert frozen >= 0.5 * 6 / 0.01, frozen  # ~600 attempts a second with 6 slots of 10 ms
+
+
+async def test_a_reply_read_late_by_a_busy_loop_is_not_a_redis_failure(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis answers in 30 ms, our loop is busy for 150 ms past the 50 ms limit: no fallback."""
+    with down_events(caplog) as named:
+        async with workers(redis_server, count=1, redis_timeout=0.05) as (worker,):
+            before = dict(worker.syncs)
+            assert redis_server.command("CLIENT", "PAUSE", "30", "ALL") == "+OK"
+            worker.request_sync(0, force=True)
+            await asyncio.sleep(0.01)  # the sync is sent, Redis holds it
+            time.sleep(0.15)  # noqa: ASYNC251  # on purpose: a long turn of our loop
+            await wait_until(lambda: worker.syncs["late_loop"] > before["late_loop"], within=1.0)
+            assert worker.up
+            assert worker.syncs["failed"] == before["failed"]
+            assert named("coordination_down") == []
+
+
+async def test_the_time_limit_still_fires_once_the_loop_is_on_time_again() -> None:
+    """A call nobody answers: put off while the loop was busy, then cancelled, within longest."""
+    loop = asyncio.get_running_loop()
+    never = asyncio.Event()
+    started = loop.time()
+    deadline = LoopFairTimeout(0.05, longest=1.0)
+    loop.call_soon(time.sleep, 0.1)  # the loop is busy past the deadline
+    with pytest.raises(TimeoutError):
+        async with deadline:
+            await never.wait()
+    assert deadline.loop_was_late
+    assert 0.1 <= loop.time() - started < 0.3  # one more look, not the whole 1 s
+
+
+@pytest.mark.parametrize(
+    ("limit", "workers", "share"),
+    [(6, 1, 6), (6, 2, 3), (4, 2, 2), (6, 4, 1), (4, 3, 1), (6, 8, 1), (6, 0, 1)],
+)
+def test_the_safe_share_is_an_equal_part_rounded_down_and_at_least_one(
+    limit: int, workers: int, share: int
+) -> None:
+    """limit // workers, never 0; unknown workers (0) means 1; never the whole limit for 2+."""
+    assert safe_share(limit, workers) == share
+    if 0 < workers <= limit:
+        assert workers * safe_share(limit, workers) <= limit
 
 
 async def test_a_slow_redis_is_a_down_redis(
@@ -437,6 +661,23 @@ async def test_the_retry_budget_is_one_bucket_for_the_fleet(redis_server: RedisS
                 spent += worker.budgets["boreal"].try_spend()
             await asyncio.sleep(0.002)
         assert 28 <= spent <= 30
+
+
+async def test_on_their_own_two_workers_spend_one_retry_bucket_between_them(
+    redis_server: RedisServer,
+) -> None:
+    """Redis gone: each worker keeps half of boreal's bucket of 20 retries, not a whole one."""
+    async with workers(redis_server) as (first, second):
+        # The first to join saw itself alone; its heartbeat tells it of the other.
+        await wait_until(lambda: first.slots.workers == second.slots.workers == 2, within=1.0)
+        await asyncio.to_thread(redis_server.stop)
+        await wait_until(lambda: not first.up and not second.up, within=1.5)
+        spent = [
+            sum(worker.budgets["boreal"].try_spend() for _ in range(30))
+            for worker in (first, second)
+        ]
+        assert spent == [10, 10]
+        await asyncio.to_thread(redis_server.start)  # the fixture's goodbye finds it back
 
 
 async def test_a_lease_not_renewed_in_time_is_not_used(

@@ -17,6 +17,7 @@ LAYERS = [
     "cli",
     "gunicorn_conf",
     "app",
+    "connections",
     "reload",
     "options",
     "handlers",
@@ -41,7 +42,7 @@ LAYERS = [
 form the base)."""
 
 PACKAGE_LAYERS = {
-    "fleet": ["coordinator", "leases", "budget", "timing"],
+    "fleet": ["coordinator", "deadline", "leases", "safe", "budget", "timing"],
 }
 """Inside a sub-package the same rule holds among its modules (``__init__`` only re-exports)."""
 

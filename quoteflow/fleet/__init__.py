@@ -21,7 +21,9 @@ The package, one module per concern, each importing only those below it:
 
     coordinator.py  Coordinator: the Redis client, the sync, heartbeat, listener, fallback
     sync.lua        the script one sync runs in Redis (read once, sent by EVALSHA)
-    leases.py       FleetSlots: leased slots, local waiters, the hand-over
+    deadline.py     LoopFairTimeout: a sync's time limit, which our busy loop cannot trip
+    leases.py       FleetSlots: leased slots, local waiters, the hand-over, the fallback
+    safe.py         safe_share: what a worker may send on its own
     budget.py       FleetRetryBudget: a pool drawn from the fleet's retry bucket
     timing.py       TTL, HEARTBEAT, POLL, LINGER ...: the clock every part keeps to
 
@@ -90,14 +92,29 @@ slots each of six, two of each supplier's four); a remainder that does not
 divide evenly goes round the workers once a second. Within a worker, waiters
 are served first come, first served per supplier.
 
-**Fallback.** Any Redis error, or a call past ``redis_timeout``: the worker is
-*down* — one ``coordination_down`` warning, ``quoteflow_coordination_up`` 0 —
-and enforces the limit and the shares on its own, like ``OutboundSlots`` (so
-the fleet may then send up to N × the limit); its waiters are re-checked
-against those limits at once. It tries a sync every ``RECONNECT`` seconds;
-the first that succeeds reports what it holds right now and brings the
-leases back (``coordination_up``). No request ever awaits Redis, so Redis
-down, slow or emptied never costs an answer its budget.
+**Fallback: the safe share.** Any Redis error, or no reply within
+``redis_timeout``: the worker is *down* — one ``coordination_down`` warning,
+``quoteflow_coordination_up`` 0 — and keeps, on its own, to its *safe share*
+(``safe.py``, Doorman's safe capacity): the limit and each share divided by
+the live workers the last sync reported, rounded down, at least 1. Never the
+whole limit: the workers together stay within it however many lose Redis at
+once. Its waiters are re-checked against that at once. For ``LEASE_TRUST``
+and a budget after going down it keeps within its own leases too, since the
+others may still be starting attempts on theirs (``FleetSlots.go_local``).
+It tries a sync every ``RECONNECT`` seconds; the first that succeeds reports
+what it holds right now and brings the leases back (``coordination_up``) —
+asking, for a while, for no more than the safe share, since the others may
+still be on their own and Redis has lost their records
+(``FleetSlots._capped_wants``). No request ever awaits Redis, so Redis down,
+slow or emptied never costs an answer its budget.
+
+**Slow Redis or a late loop.** The time limit is Redis': when it fires late
+because our own loop was busy (a long turn serving requests), the reply may
+have come in time and wait unread in the socket, so the limit looks again
+once the loop has read it (``deadline.LoopFairTimeout``; counted as
+``late_loop`` syncs, not failures). Fired on time with no reply, Redis is slow.
+A sync while not up may need four round trips (``FIRST_SYNC_TRIPS``) and gets
+that many time limits.
 
 **Retry budget.** One bucket per supplier in ``<p>:tokens`` (a missing field
 is a full bucket). Each worker keeps a pool withdrawn from it, as large as
@@ -106,9 +123,14 @@ and local. Every token lives in the bucket or in one pool, and the script
 caps the bucket at the capacity less every live worker's pool, so the fleet
 together holds one bucket, not one per worker. Tokens carried by a sync whose
 answer never came are dropped, not re-sent: at worst a few retries fewer,
-never a token counted twice.
+never a token counted twice. On its own, a worker's bucket holds its safe
+share of the capacity (``FleetRetryBudget.go_local``).
 
-What is left open, on purpose: a worker that stalls longer than
+What is left open, on purpose: a worker cut off from Redis *alone* (the others
+still reach it) is dropped after ``TTL`` and the others may be granted what it
+still uses within its safe share; more workers than the limit send one attempt
+each (``safe.py``), and so does a worker started while Redis is away, above the
+others' shares; a worker that stalls longer than
 ``LEASE_TRUST`` with attempts already sent (they run on) can overlap with
 slots Redis re-granted meanwhile; a worker *started* while Redis is empty
 again (not one that had joined) does not trigger ``QUIET``; and on Python 3.11
@@ -118,13 +140,18 @@ which is why the background loops also stop on a flag (``close``).
 
 from quoteflow.fleet.budget import FleetRetryBudget
 from quoteflow.fleet.coordinator import SCRIPT, Coordinator, fleet_holdings
+from quoteflow.fleet.deadline import LoopFairTimeout
 from quoteflow.fleet.leases import FLEET, JOINING, LOCAL, FleetSlots
+from quoteflow.fleet.safe import safe_share
 from quoteflow.fleet.timing import (
+    FIRST_SYNC_TRIPS,
     HEARTBEAT,
     IDLE_SLACK,
+    LATE_LOOP_MOST,
     LEASE_TRUST,
     LINGER,
     LISTEN_WAKE,
+    LOOP_LATE,
     POLL,
     QUIET,
     RECONNECT,
@@ -133,14 +160,17 @@ from quoteflow.fleet.timing import (
 )
 
 __all__ = [
+    "FIRST_SYNC_TRIPS",
     "FLEET",
     "HEARTBEAT",
     "IDLE_SLACK",
     "JOINING",
+    "LATE_LOOP_MOST",
     "LEASE_TRUST",
     "LINGER",
     "LISTEN_WAKE",
     "LOCAL",
+    "LOOP_LATE",
     "POLL",
     "QUIET",
     "RECONNECT",
@@ -150,5 +180,7 @@ __all__ = [
     "Coordinator",
     "FleetRetryBudget",
     "FleetSlots",
+    "LoopFairTimeout",
     "fleet_holdings",
+    "safe_share",
 ]

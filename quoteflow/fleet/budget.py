@@ -15,8 +15,9 @@ class FleetRetryBudget:
     paying off touch only the pool. A pool below half its ``target`` asks the
     next sync (at once, while the bucket had tokens) to withdraw up to the
     target; what is earned or paid back above it is deposited at the next
-    sync. While Redis is out of reach ``local``, a full per-process
-    ``RetryBudget``, decides instead.
+    sync. While Redis is out of reach ``local``, a per-process
+    ``RetryBudget`` holding this worker's safe share of the bucket, decides
+    instead.
 
     The target is one burst of this worker: every request it serves at once
     may need its retry in the same millisecond (eight 503s together), before
@@ -101,6 +102,13 @@ class FleetRetryBudget:
         self.pool += taken
         self.bucket = level
 
-    def go_local(self) -> None:
-        """Redis is out of reach: ``local`` decides until it is back."""
+    def go_local(self, workers: int) -> None:
+        """Redis is out of reach: ``local`` decides until it is back, with a safe share.
+
+        The bucket's capacity divided by the live workers the last sync saw
+        (all of it when none was seen yet), as the outbound limit is: the
+        workers on their own together hold one bucket's worth, not one each.
+        """
         self.fleet = False
+        self.local.capacity = self.capacity / max(1, workers)
+        self.local.tokens = min(self.local.tokens, self.local.capacity)

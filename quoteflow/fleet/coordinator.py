@@ -13,8 +13,20 @@ from typing import TYPE_CHECKING, Any, Final
 
 from quoteflow.config import SUPPLIERS, Settings
 from quoteflow.fleet.budget import FleetRetryBudget
+from quoteflow.fleet.deadline import LoopFairTimeout
 from quoteflow.fleet.leases import LOCAL, FleetSlots
-from quoteflow.fleet.timing import HEARTBEAT, LISTEN_WAKE, POLL, QUIET, RECONNECT, TTL, WANT_FRESH
+from quoteflow.fleet.timing import (
+    FIRST_SYNC_TRIPS,
+    HEARTBEAT,
+    LATE_LOOP_MOST,
+    LEASE_TRUST,
+    LISTEN_WAKE,
+    POLL,
+    QUIET,
+    RECONNECT,
+    TTL,
+    WANT_FRESH,
+)
 from quoteflow.logs import log_event
 
 if TYPE_CHECKING:
@@ -51,12 +63,21 @@ class Coordinator:
         self._keys = [f"{prefix}:workers", f"{prefix}:state", f"{prefix}:tokens", f"{prefix}:epoch"]
         self.channel = f"{prefix}:freed"
         self._suppliers = tuple(suppliers)
+        self._first_limit = FIRST_SYNC_TRIPS * settings.redis_timeout
+        """The time limit of a sync while not up (joining, or coming back)."""
+        self._call_most = self._first_limit + LATE_LOOP_MOST
+        """The longest one sync may take: its time limit, and what a busy loop may add."""
         self.slots = FleetSlots(
             settings.outbound_limit,
             settings.supplier_share,
             self._suppliers,
             need_sync=self.request_sync,
             lapsed=self._lapsed,
+            # Another worker's last failed try may have just begun: it ends
+            # within _call_most, tries again RECONNECT later and reports
+            # within _call_most more. Until then it may be on its own.
+            rejoin=RECONNECT + 2 * self._call_most,
+            narrow=LEASE_TRUST + settings.budget,
         )
         self.budgets = {
             supplier: FleetRetryBudget(
@@ -71,7 +92,8 @@ class Coordinator:
         """The last sync succeeded: leases are in force."""
         self.joined = False
         """A sync ever succeeded: a Redis without our epoch has been emptied since."""
-        self.syncs = {"ok": 0, "failed": 0}
+        self.syncs = {"ok": 0, "late_loop": 0, "failed": 0}
+        """Syncs by result; ``late_loop``: answered, read past the time limit by a busy loop."""
         self.workers = 0
         """Live workers the last sync saw, this one included."""
         self._down_since: float | None = None
@@ -97,12 +119,14 @@ class Coordinator:
         from redis.exceptions import RedisError
 
         assert self.settings.redis_url is not None
-        timeout = self.settings.redis_timeout
         self._errors = (RedisError, OSError, TimeoutError)
         self._redis = Redis.from_url(
             self.settings.redis_url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
+            # Only a backstop: each sync's own deadline (LoopFairTimeout) is
+            # the time limit. redis-py's would fire when our busy loop reads
+            # a reply late, and count it as Redis being slow.
+            socket_timeout=self._call_most,
+            socket_connect_timeout=self._call_most,
             # A failed call is not retried by the client: the next sync is the retry.
             retry=Retry(NoBackoff(), 0),
         )
@@ -229,14 +253,18 @@ class Coordinator:
             deposit, withdraw, pool = tokens[index]
             args += [supplier, held[index], want[index], f"{deposit:.6f}", withdraw, f"{pool:.6f}"]
         sent_at = time.monotonic()
+        # The time limit is Redis': a reply that came in time but was read
+        # late because our loop was busy is not a Redis failure (deadline.py).
+        limit = self.settings.redis_timeout if self.up else self._first_limit
+        deadline = LoopFairTimeout(limit, longest=self._call_most)
         try:
-            async with asyncio.timeout(self.settings.redis_timeout):
+            async with deadline:
                 reply = await self._script(keys=self._keys, args=args)
         except self._errors as exc:
             self.syncs["failed"] += 1
             self._lost(f"{type(exc).__name__}: {exc}".strip())
             return
-        self.syncs["ok"] += 1
+        self.syncs["late_loop" if deadline.loop_was_late else "ok"] += 1
         self.joined = True
         if leaving or self._closing:
             return
@@ -252,16 +280,21 @@ class Coordinator:
             grantable=[int(p[3]) for p in per],
             others_waiting=bool(reply[1]),
             sent_at=sent_at,
+            workers=self.workers,
         )
         for index, supplier in enumerate(self._suppliers):
             self.budgets[supplier].apply(int(per[index][4]), float(per[index][5]))
         if not self.up:
+            if self._down_since is not None and self._redis is not None:
+                # Connections that sat idle in the pool through the outage may
+                # be dead without a word; the next sync would fail on one.
+                await self._redis.connection_pool.disconnect(inuse_connections=False)
             self._found()
         if soon is not None:
             self.request_sync(soon)
 
     def _lost(self, reason: str) -> None:
-        """A sync failed: own limits at once, one warning, and a retry every ``RECONNECT``."""
+        """A sync failed: the safe share at once, one warning, and a retry every ``RECONNECT``."""
         if self._closing:
             return
         if self.slots.mode != LOCAL:
@@ -269,7 +302,8 @@ class Coordinator:
             self._down_since = self._loop.time()
             self.slots.go_local()
             for budget in self.budgets.values():
-                budget.go_local()
+                budget.go_local(self.slots.workers)
+            safe_limit, safe_shares = self.slots.safe_limits()
             log_event(
                 log,
                 logging.WARNING,
@@ -277,7 +311,10 @@ class Coordinator:
                 {
                     "worker": self.worker_id,
                     "reason": reason,
-                    "fallback": "local limits",
+                    "fallback": "safe share",
+                    "workers": self.slots.workers,
+                    "safe_limit": safe_limit,
+                    "safe_share": max(safe_shares.values(), default=0),
                     "outbound_limit": self.settings.outbound_limit,
                 },
             )

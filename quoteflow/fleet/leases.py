@@ -10,14 +10,15 @@ import math
 import time
 from collections.abc import Callable, Iterable
 
+from quoteflow.fleet.safe import safe_share
 from quoteflow.fleet.timing import IDLE_SLACK, LEASE_TRUST, LINGER, POLL
 
 JOINING, FLEET, LOCAL = "joining", "fleet", "local"
-"""Modes of ``FleetSlots``: before the first sync, leases in force, own limits."""
+"""Modes of ``FleetSlots``: before the first sync, leases in force, on its own (safe share)."""
 
 
 class FleetSlots:
-    """Outbound slots leased from the fleet's Redis; this process's own limits while it is away.
+    """Outbound slots leased from the fleet's Redis; this worker's safe share while it is away.
 
     Satisfies ``slots.OutboundLimiter``. Every call comes from the event
     loop's thread and nothing between checking and taking a slot awaits, as in
@@ -33,10 +34,23 @@ class FleetSlots:
         *,
         need_sync: Callable[[float], None],
         lapsed: Callable[[], None],
+        rejoin: float,
+        narrow: float,
     ) -> None:
         self.limit = limit
         self.share = share
         self.mode = JOINING
+        self.workers = 0
+        """Live workers the last sync saw (0: none yet): the safe share divides by it."""
+        self.local_limit = 1
+        self.local_share = dict.fromkeys(suppliers, 1)
+        """What this worker may use on its own (``LOCAL``): in all, and per supplier."""
+        self._rejoin = rejoin
+        self._narrow = narrow
+        """Seconds after going local before the whole safe share (``go_local``)."""
+        self._capped_until = -math.inf
+        """Until then (monotonic) leases are asked for only up to the safe share."""
+        self._widen: asyncio.TimerHandle | None = None
         self.in_use = 0
         """Slots this process's attempts hold now."""
         self._held = dict.fromkeys(suppliers, 0)
@@ -87,8 +101,8 @@ class FleetSlots:
             self._lapsed()  # no renewal in time: Redis may have given these away
         if (
             self.mode == LOCAL
-            and self.in_use < self.limit
-            and self._held[supplier] < self.share
+            and self.in_use < self.local_limit
+            and self._held[supplier] < self.local_share[supplier]
             and not self._waiting[supplier]
         ):
             self._take(supplier)
@@ -154,6 +168,9 @@ class FleetSlots:
         than our fair part (per supplier and in all): given back by a sync
         that happened to come, it would cost the next request a round trip to
         get it again. Outside fleet mode the truth is simply what runs now.
+
+        On its own, and for a while after the leases came back into force,
+        what is asked for stops at the safe share (``_capped_wants``).
         """
         held, want = [], []
         now = time.monotonic()
@@ -174,7 +191,61 @@ class FleetSlots:
             held.append(keep)
             want.append(self._reported[supplier])
         self.leased_total = sum(self.leased.values())
+        if self.mode == LOCAL or now < self._capped_until:
+            want = self._capped_wants(held, want)
+            self._reported = dict(zip(self._held, want, strict=True))
         return held, want
+
+    def _capped_wants(self, held: list[int], want: list[int]) -> list[int]:
+        """Wants cut so that held + want stays within the safe share, per supplier and in all.
+
+        For ``rejoin`` seconds after a sync put the leases in force, other
+        workers may still be on their own: Redis lost their records while it
+        was away (or never had them), so it would grant this worker slots they
+        are using. Each of them keeps to its safe share until its own next try
+        (one ``RECONNECT``); asking for no more than ours keeps the sum within
+        the limit meanwhile. Cut from the supplier that would hold most.
+        """
+        total, per = self.safe_limits()
+        capped = [
+            max(0, min(w, per[supplier] - h))
+            for supplier, h, w in zip(self._held, held, want, strict=True)
+        ]
+        excess = sum(held) + sum(capped) - total
+        while excess > 0 and any(capped):
+            most = max((i for i, w in enumerate(capped) if w), key=lambda i: held[i] + capped[i])
+            capped[most] -= 1
+            excess -= 1
+        return capped
+
+    def _trim_to_safe_share(self) -> bool:
+        """Leases not in use beyond the safe share go back (see ``_capped_wants``); any did?
+
+        Grants were asked for within the safe share, but slots taken on our
+        own limits while that sync was on its way come on top of them.
+        """
+        total, per = self.safe_limits()
+        trimmed = False
+        for supplier, held in self._held.items():
+            keep = max(held, min(self.leased[supplier], per[supplier]))
+            trimmed |= keep < self.leased[supplier]
+            self.leased[supplier] = keep
+        excess = sum(self.leased.values()) - total
+        while excess > 0:
+            idle = [s for s, held in self._held.items() if self.leased[s] > held]
+            if not idle:
+                break
+            most = max(idle, key=self.leased.__getitem__)
+            self.leased[most] -= 1
+            excess -= 1
+            trimmed = True
+        return trimmed
+
+    def safe_limits(self) -> tuple[int, dict[str, int]]:
+        """This worker's safe share: of the limit, and of each supplier's share (``safe``)."""
+        return safe_share(self.limit, self.workers), {
+            supplier: safe_share(self.share, self.workers) for supplier in self._held
+        }
 
     def apply(
         self,
@@ -185,11 +256,24 @@ class FleetSlots:
         grantable: list[int],
         others_waiting: bool,
         sent_at: float,
+        workers: int,
     ) -> float | None:
         """Take a sync's answer: leases in force, grants handed to waiters.
 
         Returns how soon the next sync should come, or None for the heartbeat.
         """
+        if self.mode == LOCAL:
+            # Leases back in force: asked for only up to the safe share for a
+            # while (see _capped_wants), and the count of workers kept from
+            # before, since Redis may not have heard from the others yet.
+            self._capped_until = time.monotonic() + self._rejoin
+            if self._widen is not None:
+                self._widen.cancel()
+                self._widen = None
+        capped = time.monotonic() < self._capped_until
+        if capped:
+            workers = max(workers, self.workers)
+        self.workers = workers
         self.mode = FLEET
         self.valid_until = sent_at + LEASE_TRUST
         self.allowed_total = allowed_total
@@ -209,6 +293,9 @@ class FleetSlots:
             self.allowed[supplier] = allowed[index]
             self.free[supplier] = free[index]
             self.grantable[supplier] = grantable[index]
+        if capped:
+            undercounted |= self._trim_to_safe_share()
+        for supplier in self._held:
             while self._held[supplier] < self.leased[supplier] and self._hand_over(supplier):
                 pass
             self._clock_idle(supplier)
@@ -264,9 +351,35 @@ class FleetSlots:
         return self.waiting > 0
 
     def go_local(self) -> None:
-        """Redis is out of reach: this process's own limits, for every waiter at once."""
+        """Redis is out of reach: the safe share, for every waiter at once; narrower at first.
+
+        Other workers may go on starting attempts on leases granted before
+        Redis went away for up to ``LEASE_TRUST`` (they trust a lease that
+        long), and such an attempt runs for up to a budget. For ``narrow``
+        seconds (the two together) this worker keeps within its own leases
+        too — which Redis counted against theirs — as well as within its safe
+        share; then it widens to the safe share. Alone at the last sync, or
+        never joined (no fleet it knows of: one attempt at a time), it has
+        nobody's leases to wait for: the safe share at once.
+        """
+        was = self.mode
         self.mode = LOCAL
+        total, per = self.safe_limits()
+        if was == JOINING or self.workers <= 1:
+            self.local_limit, self.local_share = total, per
+        else:
+            self.local_limit = min(total, self.leased_total)
+            self.local_share = {s: min(per[s], self.leased[s]) for s in per}
+            loop = asyncio.get_running_loop()
+            self._widen = loop.call_later(self._narrow, self._widen_to_safe_share)
         self._hand_out_local()
+
+    def _widen_to_safe_share(self) -> None:
+        """Attempts on leases granted before Redis went away are over: the whole safe share."""
+        self._widen = None
+        if self.mode == LOCAL:
+            self.local_limit, self.local_share = self.safe_limits()
+            self._hand_out_local()
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -339,14 +452,14 @@ class FleetSlots:
         return False
 
     def _hand_out_local(self) -> None:
-        """Own limits: the oldest waiter whose supplier is under its share, while slots are free."""
-        while self.in_use < self.limit:
+        """On its own: the oldest waiter whose supplier is within its safe share, while room is."""
+        while self.in_use < self.local_limit:
             chosen: str | None = None
             first = -1
             for supplier, queue in self._waiting.items():
                 while queue and queue[0][1].done():
                     queue.popleft()
-                fits = bool(queue) and self._held[supplier] < self.share
+                fits = bool(queue) and self._held[supplier] < self.local_share[supplier]
                 if fits and (chosen is None or queue[0][0] < first):
                     chosen, first = supplier, queue[0][0]
             if chosen is None:

@@ -41,3 +41,18 @@ WANT_FRESH: Final = 3 * POLL
 """Seconds a reported want counts: a worker that still waits re-syncs every ``POLL``."""
 QUIET: Final = HEARTBEAT + 0.05
 """Seconds without grants after Redis was found emptied: every holder reports first."""
+LOOP_LATE: Final = 0.005
+"""How late a Redis call's deadline may fire before the loop, not Redis, counts as slow.
+
+Past it the deadline is put off (``deadline.LoopFairTimeout``): a reply that
+came in time may be waiting, unread, for a loop busy with requests.
+"""
+LATE_LOOP_MOST: Final = HEARTBEAT
+"""The most a busy loop may add to a Redis call's time limit, in all."""
+FIRST_SYNC_TRIPS: Final = 4
+"""Round trips a sync may need while the worker is not up, in ``redis_timeout``\\ s.
+
+A new connection, an ``EVALSHA`` answered ``NOSCRIPT`` (a restarted Redis),
+``SCRIPT LOAD`` and the ``EVALSHA`` again. Held to one round trip's limit, a
+worker booting on a loaded machine fell back before it ever joined.
+"""
