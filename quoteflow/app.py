@@ -288,7 +288,7 @@ def _sharing(
     cache = QuoteCache(settings.cache_size, settings.cache_max_age)
     entries = PlainGauge("quoteflow_cache_entries", "Quotes in the cache now (--cache-size).")
     entries.readers[()] = lambda: float(len(cache))
-    telemetry.add(
+    telemetry.sharing(
         entries,
         ReadCounter(
             "quoteflow_cache_answers",
@@ -307,7 +307,7 @@ def _coalescing(client: SupplierClient, telemetry: Telemetry) -> SupplierGateway
         "quoteflow_coalesced_calls_in_flight", "Shared supplier calls running now (--coalesce)."
     )
     shared_calls.readers[()] = lambda: float(coalescing.in_flight)
-    telemetry.add(
+    telemetry.sharing(
         shared_calls,
         ReadCounter(
             "quoteflow_coalesced_joins",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import tracemalloc
 from typing import Any
 
@@ -15,7 +16,7 @@ from quoteflow.codec import encode_result, to_json
 from quoteflow.models import Failure, QuoteResult, RankedQuote, SupplierQuote
 from tests.conftest import StartQuoteFlow
 from tests.fakes import FakeSuppliers, cacheable, delay, hang, quote, status
-from tests.test_observability import metric
+from tests.test_observability import events, metric
 
 Client = TestClient[Any, Any]
 
@@ -40,9 +41,10 @@ def bill(answer: dict[str, Any], supplier: str) -> dict[str, Any]:
 
 
 async def test_max_age_is_honoured_then_expires(
-    start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
+    start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers, caplog: pytest.LogCaptureFixture
 ) -> None:
     """boreal's max-age=60, capped at 0.3 s: answered from the cache with its age, then expired."""
+    caplog.set_level(logging.INFO, logger="quoteflow")
     suppliers.always("boreal", cacheable("public, max-age=60"))
     client = await start_quoteflow(cache_size=100, cache_max_age=0.3)
     first = await ask(client)
@@ -62,6 +64,7 @@ async def test_max_age_is_honoured_then_expires(
     text = await (await client.get("/metrics")).text()
     assert metric(text, "quoteflow_cache_answers_total", supplier="boreal", how="fresh") == 1
     assert metric(text, "quoteflow_cache_entries") == 1
+    assert [e["shared"] for e in events(caplog, "quote_request")] == [{}, {"boreal": "cached"}, {}]
 
 
 async def test_stale_if_error_covers_a_503_then_expires(

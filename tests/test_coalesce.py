@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import aiohttp
@@ -17,7 +18,7 @@ from quoteflow.models import Failure, QuoteReport, QuoteRequest
 from quoteflow.service import QuoteService
 from tests.conftest import TEST_CONNECT_TIMEOUT
 from tests.fakes import FakeSuppliers, delay, first_time_per_request_id, hang, quote, status
-from tests.test_observability import metric
+from tests.test_observability import events, metric
 
 Client = TestClient[Any, Any]
 
@@ -83,9 +84,10 @@ def shared_tasks() -> list[asyncio.Task[Any]]:
 
 
 async def test_identical_requests_reach_each_supplier_once(
-    start: Any, suppliers: FakeSuppliers
+    start: Any, suppliers: FakeSuppliers, caplog: pytest.LogCaptureFixture
 ) -> None:
     """8 identical requests at once, 100 ms suppliers: one call each, eight full answers."""
+    caplog.set_level(logging.INFO, logger="quoteflow")
     for supplier in SUPPLIERS:
         suppliers.always(supplier, delay(0.1))
     client = await start()
@@ -105,6 +107,11 @@ async def test_identical_requests_reach_each_supplier_once(
                 assert "joined" not in part
             else:
                 assert part == {"attempts": [], "stopped": "joined", "joined": starter}
+    shared = sorted(
+        (event["request_id"], event["shared"]) for event in events(caplog, "quote_request")
+    )
+    joined = dict.fromkeys(SUPPLIERS, f"joined:{starter}")
+    assert shared == sorted((f"r{n}", {} if f"r{n}" == starter else joined) for n in range(8))
     text = await settled(client)
     for supplier in SUPPLIERS:
         assert metric(text, "quoteflow_coalesced_joins_total", supplier=supplier) == 7
