@@ -29,6 +29,7 @@ supplier was never called). A quote from the cache carries ``age_s``.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections import OrderedDict
@@ -71,13 +72,15 @@ class Freshness:
     stale_for: float
 
 
+@functools.lru_cache(maxsize=1024)
 def freshness(cache_control: str | None, cap: float) -> Freshness | None:
     """What ``cache_control`` lets a shared cache do with the answer; None: never store it.
 
     Anything QuoteFlow cannot read with certainty — a malformed header, a
     ``max-age`` that is not a number of seconds, the same directive twice
     with two values — is not stored: a price reused wrongly costs more than
-    one asked again.
+    one asked again. Remembered: a supplier sends the same few headers again
+    and again.
     """
     if cache_control is None:
         return None
