@@ -41,6 +41,7 @@ from bench.procs import BenchError, cpu_seconds, http
 from bench.report import Target, _fmt
 from bench.stats import ratio, spread
 from bench.wrk import run_wrk
+from quoteflow.config import Settings
 
 if TYPE_CHECKING:
     from bench.run import Bench
@@ -48,6 +49,10 @@ if TYPE_CHECKING:
 CLEAN, HELD, REOPENING = "clean", "held", "reopening"
 ABUSED = (HELD, REOPENING)
 IDLE, DRIBBLING = 3000, 100
+PLACES = Settings().max_connections
+"""QuoteFlow's connection cap in the bench: its default."""
+FDS_SLACK = 4
+"""Descriptors being accepted or closed at one moment (uvloop accepts one at a time)."""
 RECONNECT_AFTER_S = 1.0
 SAMPLE_EVERY_S = 0.05
 
@@ -204,6 +209,13 @@ def summarize(section: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _fds_within(abused: dict[str, float] | None, clean: dict[str, float] | None) -> bool | None:
+    """Whether the most descriptors seen under attack are the cap plus the process's own few."""
+    if abused is None or clean is None:
+        return None
+    return abused["max"] <= PLACES + clean["max"] + FDS_SLACK
+
+
 def _sum(runs: Sequence[dict[str, Any]], key: str) -> float | None:
     values = [run[key] for run in runs]
     return None if None in values else sum(values)
@@ -255,12 +267,12 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
         ),
         Target(
             "abuse",
-            "QuoteFlow's open fds, most seen: held | none (--max-connections 1024)",
+            "QuoteFlow's open fds, most seen: held | none",
             _fmt(fds[HELD], 0),
             _fmt(fds[CLEAN], 0),
             "",
-            "",
-            None,
+            f"≤ {PLACES:,} + none's + {FDS_SLACK}",
+            _fds_within(fds[HELD], fds[CLEAN]),
         ),
         Target(
             "abuse",
@@ -268,8 +280,8 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
             _fmt(fds[REOPENING], 0),
             "",
             "",
-            "",
-            None,
+            f"≤ {PLACES:,} + none's + {FDS_SLACK}",
+            _fds_within(fds[REOPENING], fds[CLEAN]),
         ),
         Target(
             "abuse",

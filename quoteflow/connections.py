@@ -30,15 +30,24 @@ attribute checks and two ordered-dict operations: ``GuardedServer`` keeps the
 idle connections in the order they became idle (``busy``/``idle``), so making
 room takes the oldest in O(1) instead of a scan of every connection. A head
 that arrives whole in one read, as nearly all do, arms no timer.
+
+What this leans on in aiohttp 3.x beyond its public API, each pinned by
+``tests/test_connections.py`` on real sockets: a ``Server`` passes its
+handler arguments (``_kwargs``) to every ``RequestHandler``; a handler counts
+the heads it parsed (``_request_count``), queues them (``_messages``), calls
+``log_access`` once per answer, and re-arms its keep-alive check for
+``_next_keepalive_close_time`` when it fires early; a site keeps its server,
+TLS context and backlog (``_server``, ``_ssl_context``, ``_backlog``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
-import resource
 import socket
+import sys
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
@@ -82,6 +91,10 @@ def reserve_descriptors(limits: ConnectionLimits, outbound_limit: int) -> None:
     fail first. Like Go's runtime, raise the soft ``RLIMIT_NOFILE`` up to what
     is needed when the hard limit allows it (1,024 is a common soft default).
     """
+    if sys.platform == "win32":  # no RLIMIT_NOFILE there
+        return
+    import resource
+
     needed = limits.max_connections + outbound_limit + OTHER_DESCRIPTORS
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= needed:
@@ -168,6 +181,8 @@ class GuardedServer(web.Server):
         self.closed: Counter[str] = Counter({ROOM: 0, HEAD_TIMEOUT: 0})
         """Connections QuoteFlow closed, by reason (``ROOM``, ``HEAD_TIMEOUT``)."""
         self._idle: OrderedDict[GuardedHandler, None] = OrderedDict()
+        self._unreported: Counter[str] = Counter()
+        self._reported_at = -math.inf
 
     def __call__(self) -> GuardedHandler:
         return GuardedHandler(self, loop=self._loop, **self._kwargs)
@@ -180,13 +195,16 @@ class GuardedServer(web.Server):
         """A new connection: make room for it if at the cap, and count it as idle."""
         super().connection_made(handler, transport)
         assert isinstance(handler, GuardedHandler)
-        if self.open >= self.limit:
+        # While paused, what still arrives was accepted in the same batch
+        # (asyncio's loop accepts several at a time): it waits with the rest.
+        if self.open >= self.limit and not self.gate.paused:
             if self._idle:
                 victim, _ = self._idle.popitem(last=False)
                 self.end(victim, ROOM)
             else:
-                # Every connection has a request: this one stays (one over the
-                # cap until one closes); the next ones wait in the backlog.
+                # Every connection has a request: this one, already accepted,
+                # stays (over the cap until one closes); the next ones wait in
+                # the listen backlog.
                 self.gate.pause()
         self.open += 1
         handler.counted = True
@@ -229,6 +247,16 @@ class GuardedServer(web.Server):
             self.open -= 1
         self.closed[reason] += 1
         handler.end()
+        self._report(reason)
+
+    def _report(self, reason: str) -> None:
+        # Under attack these come by the thousand: one summary a second at most.
+        self._unreported[reason] += 1
+        now = time.monotonic()
+        if now - self._reported_at >= 1.0:
+            fields = {**self._unreported, "open": self.open}
+            self._unreported, self._reported_at = Counter(), now
+            log_event(log, logging.INFO, "connections_closed", fields)
 
 
 class GuardedHandler(RequestHandler):
@@ -365,7 +393,7 @@ class AcceptGate:
                 held, tls, backlog = self._held[-1]
                 try:
                     opened = await loop.create_server(server, sock=held, ssl=tls, backlog=backlog)
-                except OSError as exc:
+                except (OSError, ValueError) as exc:  # the socket, or a loop refusing it
                     # Still paused, the socket still held: the next answer or
                     # closed connection tries again.
                     log_event(log, logging.ERROR, "accepting_not_resumed", {"error": str(exc)})

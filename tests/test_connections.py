@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import resource
 import subprocess
@@ -220,8 +221,11 @@ async def test_an_idle_keep_alive_connection_closes_at_the_idle_timeout(
         assert took >= 0.5
 
 
-async def test_a_dribbled_head_gets_408_at_the_header_timeout(suppliers: FakeSuppliers) -> None:
+async def test_a_dribbled_head_gets_408_at_the_header_timeout(
+    suppliers: FakeSuppliers, caplog: pytest.LogCaptureFixture
+) -> None:
     """A head sent a line at a time is answered 408 and closed once the header timeout is up."""
+    caplog.set_level(logging.INFO, logger="quoteflow")
     async with serving(suppliers, header_timeout=0.5, idle_timeout=5) as runner:
         port = port_of(runner)
         reader, writer = await connect(port)
@@ -245,6 +249,8 @@ async def test_a_dribbled_head_gets_408_at_the_header_timeout(suppliers: FakeSup
         assert 0.45 <= took <= 0.5 + 1.0
         text = await scrape(port)
         assert metric(text, 'quoteflow_connections_closed_total{reason="header_timeout"}') == 1
+    closed = [r for r in caplog.records if getattr(r, "event", "") == "connections_closed"]
+    assert [r.__dict__["fields"] for r in closed] == [{"header_timeout": 1, "open": 0}]
 
 
 async def test_a_head_begun_late_in_the_idle_time_still_gets_its_408(
@@ -333,6 +339,27 @@ async def test_at_the_cap_the_longest_idle_connection_makes_room(
             writer.close()
 
 
+async def test_a_head_only_begun_is_idle_and_gets_its_408_when_it_makes_room(
+    suppliers: FakeSuppliers,
+) -> None:
+    """At the cap, a connection whose head has only begun is idle: it goes, with a 408 first."""
+    async with serving(suppliers, max_connections=1) as runner:
+        port = port_of(runner)
+        dribbler_reader, dribbler_writer = await connect(port)
+        dribbler_writer.write(b"GET /health HTTP/1.1\r\n")
+        await asyncio.sleep(0.1)
+        reader, writer = await connect(port)
+        status, _, body = await asyncio.wait_for(answer(dribbler_reader), 1.0)
+        assert status == 408
+        assert json.loads(body)["error"] == "header_timeout"
+        writer.write(HEALTH_REQUEST)
+        assert (await answer(reader))[0] == 200
+        text = await scrape(port)  # on a third connection: the second, idle again, makes room
+        assert metric(text, 'quoteflow_connections_closed_total{reason="room"}') == 2
+        for closing in (dribbler_writer, writer):
+            closing.close()
+
+
 async def test_when_every_connection_is_busy_a_new_one_waits(suppliers: FakeSuppliers) -> None:
     """With every place taken by a request in progress, the next connection waits, then answers."""
     async with serving(suppliers, max_connections=2, body_timeout=0.8) as runner:
@@ -356,6 +383,25 @@ async def test_when_every_connection_is_busy_a_new_one_waits(suppliers: FakeSupp
         writer.close()
         assert runner.gate.pauses == 1
         assert metric(await scrape(port), "quoteflow_accept_pauses_total") == 1
+
+
+async def test_stopping_while_paused_closes_the_listener(suppliers: FakeSuppliers) -> None:
+    """Shutdown with accepting paused: requests in progress answer, the port then refuses."""
+    async with serving(suppliers, max_connections=1, body_timeout=0.5) as runner:
+        port = port_of(runner)
+        held = []
+        for _ in range(2):  # the second finds the one place busy: accepting stops
+            reader, writer = await connect(port)
+            writer.write(SLOW_BODY_HEAD)
+            held.append((reader, writer))
+            await asyncio.sleep(0.05)
+        assert runner.gate.paused
+        answers = [asyncio.ensure_future(answer(reader)) for reader, _ in held]
+    assert [(await got)[0] for got in answers] == [408, 408]
+    with pytest.raises(ConnectionRefusedError):
+        await connect(port)
+    for _, writer in held:
+        writer.close()
 
 
 # -- an attacker process -----------------------------------------------------------
