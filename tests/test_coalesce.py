@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import aiohttp
@@ -12,9 +13,17 @@ from aiohttp.test_utils import TestClient
 from pytest_aiohttp import AiohttpClient
 
 from quoteflow.app import SUPPLIER_CLIENT, create_app
+from quoteflow.coalesce import CoalescingGateway
 from quoteflow.config import Settings
 from quoteflow.handlers import SERVICE
-from quoteflow.models import Failure, QuoteReport, QuoteRequest
+from quoteflow.models import (
+    Failure,
+    MovingDeadline,
+    QuoteReport,
+    QuoteRequest,
+    SupplierQuote,
+    SupplierTrace,
+)
 from quoteflow.service import QuoteService
 from tests.conftest import TEST_CONNECT_TIMEOUT
 from tests.fakes import FakeSuppliers, delay, first_time_per_request_id, hang, quote, status
@@ -314,3 +323,41 @@ async def test_a_joiner_with_a_shorter_deadline_than_the_starter_leaves_alone(
         assert answer["best"]["supplier"] == "boreal"
         assert answer["failures"] == []
     await settled(client)
+
+
+class _BuggyCall:
+    """A supplier call that raises a bug of ours after 50 ms (no HTTP server can)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def quote(
+        self,
+        trace: SupplierTrace,
+        request: QuoteRequest,
+        request_id: str,
+        deadline: float | MovingDeadline,
+    ) -> SupplierQuote | Failure:
+        self.calls += 1
+        await asyncio.sleep(0.05)
+        raise RuntimeError("a bug in supplier handling")
+
+
+async def test_a_bug_in_a_shared_call_reaches_every_waiter() -> None:
+    """Each request waiting for the call sees the bug (a 500 for each); nothing is left running."""
+    inner = _BuggyCall()
+    coalescing = CoalescingGateway(inner)
+    deadline = time.monotonic() + 1.0
+
+    async def wait(request_id: str) -> BaseException | None:
+        try:
+            await coalescing.quote(SupplierTrace("boreal"), QuoteRequest(), request_id, deadline)
+        except RuntimeError as exc:
+            return exc
+        return None
+
+    raised = await asyncio.gather(wait("a"), wait("b"), wait("c"))
+    assert inner.calls == 1
+    assert all(isinstance(exc, RuntimeError) for exc in raised)
+    assert coalescing.in_flight == 0
+    assert shared_tasks() == []
