@@ -1,12 +1,15 @@
 """The framework baseline: the fan-out you would write yourself in plain aiohttp.
 
-Three GETs to the suppliers through one shared ``ClientSession``, gathered, and
+One GET to each supplier through one shared ``ClientSession``, gathered, and
 ranked into roughly QuoteFlow's response shape — with no request validation,
 no supplier-data validation, no retries, no time budget and no limits. Whatever
 QuoteFlow costs beyond this is the price of its guarantees; the benchmark
 reports QuoteFlow's figures as ratios of this app's, measured in the same run.
 
     python -m bench.bare_fanout --port 9200 --provider-url http://127.0.0.1:9101
+
+``--names a,b,c`` asks those suppliers (at ``{provider}/quotes/{name}``)
+instead of atlas, boreal and cedar: the like-for-like baseline of a catalogue.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from aiohttp import web
 SUPPLIERS = ("atlas", "boreal", "cedar")
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 PROVIDER_URL = web.AppKey("provider_url", str)
+NAMES = web.AppKey("names", tuple[str, ...])
 
 
 async def _ask(
@@ -37,7 +41,7 @@ async def _ask(
 
 
 async def quotes(request: web.Request) -> web.Response:
-    """Ask the three suppliers at once and rank what comes back."""
+    """Ask every supplier at once and rank what comes back."""
     body: dict[str, Any] = await request.json()
     sku = body.get("sku", "KB-001")
     quantity = body.get("quantity", 2)
@@ -45,15 +49,16 @@ async def quotes(request: web.Request) -> web.Response:
     request_id = uuid.uuid4().hex
     session = request.app[SESSION]
     base = request.app[PROVIDER_URL]
+    names = request.app[NAMES]
     loop = asyncio.get_running_loop()
     started = loop.time()
     answers = await asyncio.gather(
-        *(_ask(session, f"{base}/quotes/{name}", params, request_id) for name in SUPPLIERS),
+        *(_ask(session, f"{base}/quotes/{name}", params, request_id) for name in names),
         return_exceptions=True,
     )
     found: list[dict[str, Any]] = []
     failures: list[dict[str, str]] = []
-    for name, answer in zip(SUPPLIERS, answers, strict=True):
+    for name, answer in zip(names, answers, strict=True):
         if isinstance(answer, BaseException):
             failures.append({"supplier": name, "code": "transport_error"})
         elif "code" in answer:
@@ -80,10 +85,11 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-def create_app(provider_url: str) -> web.Application:
+def create_app(provider_url: str, names: tuple[str, ...] = SUPPLIERS) -> web.Application:
     """The bare fan-out app; its session lives from start-up to shutdown."""
     app = web.Application()
     app[PROVIDER_URL] = provider_url.rstrip("/")
+    app[NAMES] = names
 
     async def session_ctx(app: web.Application) -> AsyncIterator[None]:
         # aiohttp's defaults, as a hand-written fan-out would have them: a pool
@@ -108,6 +114,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9200)
     parser.add_argument("--provider-url", default="http://127.0.0.1:9101")
+    parser.add_argument("--names", default=",".join(SUPPLIERS), help="suppliers to ask")
     parser.add_argument(
         "--event-loop",
         choices=("auto", "asyncio", "uvloop"),
@@ -123,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         loop = uvloop.new_event_loop()
     web.run_app(
-        create_app(args.provider_url),
+        create_app(args.provider_url, tuple(args.names.split(","))),
         host=args.host,
         port=args.port,
         access_log=None,

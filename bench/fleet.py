@@ -59,6 +59,7 @@ from bench.report import Target, _fmt
 from bench.stats import ratio, spread
 from bench.workloads import Workload
 from bench.wrk import run_wrk
+from quoteflow.catalogue import default_catalogue
 from quoteflow.config import Settings
 
 if TYPE_CHECKING:
@@ -236,7 +237,7 @@ def start_split(bench: Bench, lab_url: str) -> Deployment:
     """QuoteFlow under gunicorn without Redis, each worker with 1/WORKERS of every limit."""
     flags = flags_to_env(bench.options.quoteflow_args)
     outbound = int(flags.get("QUOTEFLOW_OUTBOUND_LIMIT", bench.limits.outbound))
-    default_share = Settings(outbound_limit=outbound).supplier_share
+    default_share = default_catalogue(Settings(outbound_limit=outbound)).suppliers[0].share
     share = int(flags.get("QUOTEFLOW_SUPPLIER_SHARE", default_share))
     if outbound < WORKERS or share < WORKERS:
         raise BenchError(f"an outbound limit of {outbound} does not split over {WORKERS} workers")

@@ -40,7 +40,7 @@ from typing import Any
 
 import attrs
 
-from bench import connections, fleet, hot, report
+from bench import catalogue, connections, fleet, hot, report
 from bench.procs import (
     BenchError,
     Service,
@@ -114,7 +114,7 @@ def parse_options(argv: Sequence[str]) -> Options:
     if duration < 1 or rounds < 1:
         parser.error("--duration must be at least 1 and --rounds at least 1")
     only = tuple(name for name in args.only.split(",") if name)
-    known = [w.name for w in all_workloads(Limits(), 1)] + ["hot", "fleet", "abuse"]
+    known = [w.name for w in all_workloads(Limits(), 1)] + ["hot", "fleet", "abuse", "catalogue"]
     if unknown := [name for name in only if name not in known]:
         parser.error(f"unknown workload {', '.join(unknown)}; choose from {', '.join(known)}")
     return Options(
@@ -580,6 +580,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["abuse"] = connections.run_abuse(bench)
         if not options.only or "fleet" in options.only:
             results["fleet"] = fleet.run_fleet(bench)
+        if not options.only or "catalogue" in options.only:
+            results["catalogue"] = catalogue.run_catalogue(bench)
         results["explain"] = bench.explain_bills()
         if options.profile:
             results["profile"] = bench.profile()
@@ -603,11 +605,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "abuse" in results:
         results["summary"]["abuse"] = connections.summarize(results["abuse"])
         results["summary"]["targets"] += connections.targets(results["summary"]["abuse"])
+    if "catalogue" in results:
+        results["summary"]["catalogue"] = catalogue.summarize(results["catalogue"])
     results["elapsed_s"] = round(time.monotonic() - began, 1)
     options.out_dir.mkdir(parents=True, exist_ok=True)
     out = options.out_dir / "latest.json"
     out.write_text(json.dumps(results, indent=1))
     print(report.table(results, limits))
+    if "catalogue" in results:
+        print(catalogue.table(results["summary"]["catalogue"]))
     if options.plots:
         print(report.plot_all(results, options.out_dir))
     print(f"\nresults: {out}  ({results['elapsed_s']} s)")

@@ -22,7 +22,7 @@ from typing import Final, Literal
 import attrs
 from aiohttp import web
 
-from provider_lab.catalogue import SUPPLIERS, Offer
+from provider_lab.catalogue import Offer
 from provider_lab.faults import SPECS, Fault, Kind
 from provider_lab.state import LabState
 
@@ -134,7 +134,7 @@ def http_error(call: Call, fault: Fault) -> web.Response:
     if retry_after is not None:
         headers["Retry-After"] = str(retry_after)
     if 300 <= status < 400:
-        other = SUPPLIERS[(SUPPLIERS.index(call.supplier) + 1) % len(SUPPLIERS)]
+        other = call.state.other_than(call.supplier)
         query = call.request.query_string
         headers["Location"] = f"/quotes/{other}" + (f"?{query}" if query else "")
     size = fault.int_param("size") if "size" in fault.params else 0
@@ -166,7 +166,7 @@ def bad_data(call: Call, fault: Fault, offer: Offer) -> web.Response:
                 body=render([*pairs, (fault.str_param("field"), "1")]), content_type=JSON
             )
         case Kind.WRONG_SUPPLIER:
-            other = SUPPLIERS[(SUPPLIERS.index(call.supplier) + 1) % len(SUPPLIERS)]
+            other = call.state.other_than(call.supplier)
             values["supplier"] = json.dumps(other)
         case Kind.WRONG_SKU:
             values["sku"] = json.dumps(call.sku + "-OTHER")

@@ -3,16 +3,29 @@
 The numbers are chosen so the lesson's cases are visible at a glance for
 ``KB-001``: at quantity 2 boreal is the cheapest (2450), at quantity 1 cedar is
 (1100), and at quantity 2 cedar's single unit in stock filters it out.
+
+The lab serves atlas, boreal and cedar unless told other names (``--names``,
+or the names of a QuoteFlow catalogue file, ``--suppliers``). A supplier
+outside the table below offers every SKU of the table at a price and stock
+derived from its name and the SKU (``derived_offer``), so a test can predict
+them; ``CB-404`` stays out of stock for everyone.
 """
 
 from __future__ import annotations
 
+import re
+import tomllib
+import zlib
 from collections.abc import Mapping
 from typing import Final
 
 import attrs
 
 SUPPLIERS: Final = ("atlas", "boreal", "cedar")
+"""The lab's suppliers when it is given no others."""
+
+NAME: Final = re.compile(r"[a-z0-9_-]{1,32}")
+"""A supplier name, as QuoteFlow's catalogue allows it."""
 
 
 @attrs.frozen
@@ -62,4 +75,54 @@ CATALOGUE: Final[Mapping[str, Mapping[str, Offer]]] = {
 
 def lookup(supplier: str, sku: str) -> Offer | None:
     """Return ``supplier``'s offer for ``sku``, or ``None`` if it does not sell it."""
-    return CATALOGUE.get(sku, {}).get(supplier)
+    offers = CATALOGUE.get(sku)
+    if offers is None:
+        return None
+    if supplier in SUPPLIERS:
+        return offers.get(supplier)
+    return derived_offer(supplier, sku)
+
+
+def derived_offer(supplier: str, sku: str) -> Offer:
+    """The offer of a supplier outside the table: a function of its name and the SKU.
+
+    ``h = crc32("{supplier}:{sku}")``; unit ``500 + h % 2000`` cents, shipping
+    ``(h >> 11) % 500`` cents, stock ``1 + (h >> 20) % 99`` (0 for ``CB-404``).
+    """
+    h = zlib.crc32(f"{supplier}:{sku}".encode())
+    stock = 0 if sku == "CB-404" else 1 + (h >> 20) % 99
+    return Offer(unit_cents=500 + h % 2000, shipping_cents=(h >> 11) % 500, stock=stock)
+
+
+class NamesError(ValueError):
+    """A list of supplier names, or a catalogue file, the lab cannot serve."""
+
+
+def check_names(names: list[str], source: str) -> tuple[str, ...]:
+    """``names`` if each is a valid supplier name, once; else ``NamesError``."""
+    if not names:
+        raise NamesError(f"{source}: no supplier names")
+    for name in names:
+        if not NAME.fullmatch(name):
+            raise NamesError(f"{source}: {name!r} is not 1-32 characters of a-z, 0-9, _ and -")
+    if len(set(names)) != len(names):
+        raise NamesError(f"{source}: a supplier is named twice")
+    return tuple(names)
+
+
+def names_from_file(path: str) -> tuple[str, ...]:
+    """The supplier names of a QuoteFlow catalogue file, in its order (the rest is ignored)."""
+    try:
+        with open(path, "rb") as file:
+            document = tomllib.load(file)
+    except OSError as exc:
+        raise NamesError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise NamesError(f"{path}: not TOML: {exc}") from None
+    tables = document.get("supplier")
+    if not isinstance(tables, list):
+        raise NamesError(f"{path}: no [[supplier]] table")
+    names = [table.get("name") if isinstance(table, dict) else None for table in tables]
+    if not all(isinstance(name, str) for name in names):
+        raise NamesError(f"{path}: a [[supplier]] table without a name")
+    return check_names([str(name) for name in names], path)

@@ -14,7 +14,8 @@ from aiohttp import web
 
 from provider_lab import answers
 from provider_lab.app import create_app
-from provider_lab.faults import Fault, FaultError, parse_fault_spec
+from provider_lab.catalogue import SUPPLIERS, NamesError, check_names, names_from_file
+from provider_lab.faults import FaultError, parse_fault_spec
 from provider_lab.state import LabConfig
 
 logger = logging.getLogger("provider_lab")
@@ -40,10 +41,10 @@ def _int_in(low: int, high: int) -> Callable[[str], int]:
     return convert
 
 
-def _fault(text: str) -> tuple[str, Fault]:
+def _names(text: str) -> tuple[str, ...]:
     try:
-        return parse_fault_spec(text)
-    except FaultError as exc:
+        return check_names([name.strip() for name in text.split(",")], "--names")
+    except NamesError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
@@ -51,7 +52,27 @@ def build_parser() -> argparse.ArgumentParser:
     """The lab's command line."""
     parser = _Parser(
         prog="python -m provider_lab",
-        description="Fake suppliers (atlas, boreal, cedar) with switchable faults.",
+        description="Fake suppliers (atlas, boreal, cedar, or any you name) with switchable "
+        "faults.",
+    )
+    named = parser.add_mutually_exclusive_group()
+    named.add_argument(
+        "--names",
+        type=_names,
+        metavar="NAME,NAME,...",
+        help="serve these suppliers at /quotes/{name} (default: atlas,boreal,cedar)",
+    )
+    named.add_argument(
+        "--suppliers",
+        metavar="FILE",
+        help="serve the suppliers a QuoteFlow catalogue file names, in its order",
+    )
+    parser.add_argument(
+        "--scenario-on",
+        type=_names,
+        metavar="NAME,NAME,...",
+        help="suppliers the scenarios act on (default: boreal, or every one if boreal is "
+        "not served)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     parser.add_argument("--port", type=_int_in(0, 65535), default=9101, help="port (9101)")
@@ -69,7 +90,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--fault",
-        type=_fault,
         action="append",
         default=[],
         metavar="SUPPLIER:KIND[:KEY=VALUE,...]",
@@ -117,12 +137,30 @@ async def serve(config: LabConfig, host: str, port: int, *, access_log: bool) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the lab; bad arguments exit 2 with a one-line error."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    try:
+        suppliers = names_from_file(args.suppliers) if args.suppliers else args.names
+    except NamesError as exc:
+        parser.error(f"--suppliers: {exc}")
+    suppliers = suppliers or SUPPLIERS
+    if args.scenario_on and not set(args.scenario_on) <= set(suppliers):
+        parser.error("--scenario-on: every name must be one of the lab's suppliers")
+    try:
+        # Checked once the names are known: a fault must name a supplier the lab serves.
+        faults = tuple(parse_fault_spec(spec, suppliers) for spec in args.fault)
+    except FaultError as exc:
+        parser.error(f"argument --fault: {exc}")
     config = LabConfig(
-        latency_ms=args.latency_ms, slow_ms=args.slow_ms, faults=tuple(args.fault), seed=args.seed
+        suppliers=suppliers,
+        scenario_suppliers=args.scenario_on,
+        latency_ms=args.latency_ms,
+        slow_ms=args.slow_ms,
+        faults=faults,
+        seed=args.seed,
     )
     try:
         asyncio.run(serve(config, args.host, args.port, access_log=args.access_log))

@@ -28,7 +28,6 @@ import logging
 from aiohttp import web
 
 from provider_lab.answers import json_response
-from provider_lab.catalogue import SUPPLIERS
 from provider_lab.faults import SPECS, FaultError, fault_from_json
 from provider_lab.state import STATE
 
@@ -54,8 +53,9 @@ def _error(status: int, error: str, **extra: object) -> web.HTTPException:
 
 def _supplier(request: web.Request) -> str:
     supplier = request.match_info["supplier"]
-    if supplier not in SUPPLIERS:
-        raise _error(404, "unknown_supplier", supplier=supplier, allowed=list(SUPPLIERS))
+    served = request.app[STATE].config.suppliers
+    if supplier not in served:
+        raise _error(404, "unknown_supplier", supplier=supplier, allowed=list(served))
     return supplier
 
 

@@ -72,7 +72,9 @@ class LabControl:
         await self.wait_idle()
         await self._call("POST", "/reset")
 
-    async def attempts(self, request_id: str) -> dict[str, int]:
-        """Requests each supplier received carrying ``request_id`` (0 for none)."""
+    async def attempts(
+        self, request_id: str, suppliers: tuple[str, ...] = SUPPLIERS
+    ) -> dict[str, int]:
+        """Requests each of ``suppliers`` received carrying ``request_id`` (0 for none)."""
         seen = (await self.stats(request_id))["attempts_per_supplier"].get(request_id, {})
-        return {supplier: int(seen.get(supplier, 0)) for supplier in SUPPLIERS}
+        return {supplier: int(seen.get(supplier, 0)) for supplier in suppliers}

@@ -6,8 +6,13 @@ with that request's id. One table row per case, with the line saying what it
 shows, and a check of the failure codes and attempt counts the contract
 expects. Exit code 1 if any case did not behave as expected.
 
-Last come the cases of coalescing and the quote cache, when QuoteFlow runs
-with them (``make run`` does): each sends several requests and shows one.
+The suppliers are the ones QuoteFlow's OpenAPI document names: atlas, boreal
+and cedar get the lesson's tour; any other catalogue (the lab started with the
+same file) gets a tour of its own, built from its names (``catalogue_cases``).
+
+For atlas, boreal and cedar, last come the cases of coalescing and the quote
+cache, when QuoteFlow runs with them (``make run`` does): each sends several
+requests and shows one.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any, Final
 import aiohttp
 import attrs
 
-from provider_lab.catalogue import SUPPLIERS
+from provider_lab.catalogue import SUPPLIERS, lookup
 from provider_lab.control_client import LabControl, LabError
 
 Fault = Mapping[str, object]
@@ -50,6 +55,8 @@ class Case:
 
     For the circuit breaker's cases, whose point is what happens across requests.
     """
+    focus: str = "boreal"
+    """The supplier whose ``stopped`` the table shows."""
 
     def needs_retry(self) -> list[str]:
         """Suppliers that must have a retry in QuoteFlow's retry budget for this case."""
@@ -269,6 +276,81 @@ CASES: Final[Sequence[Case]] = (
     ),
 )
 
+
+def _cheapest(names: Sequence[str], quantity: int = 2, sku: str = "KB-001") -> str | None:
+    """Who the lab's offers make best at ``quantity`` (what QuoteFlow must answer)."""
+    totals = []
+    for name in names:
+        offer = lookup(name, sku)
+        if offer is not None and offer.stock >= quantity:
+            totals.append((offer.unit_cents * quantity + offer.shipping_cents, name))
+    return min(totals)[1] if totals else None
+
+
+def catalogue_cases(names: Sequence[str]) -> list[Case]:
+    """A tour for any catalogue the lab serves: the same lessons, per supplier."""
+    everyone = dict.fromkeys(names, 1)
+    first, last = names[0], names[-1]
+    others = [name for name in names if name != first]
+    cases = [
+        Case(
+            "normal",
+            f"{len(names)} suppliers asked at once, each once; the cheapest at quantity 2 wins",
+            best=_cheapest(names),
+            attempts=everyone,
+            focus=first,
+        )
+    ]
+    for name in names:
+        cases.append(
+            Case(
+                f"{name}: 503 once",
+                f"{name} recovers on its second attempt; nobody else waits for its retry",
+                faults=[(name, {"kind": "http_503", "count": 1})],
+                best=_cheapest(names),
+                attempts={**everyone, name: 2},
+                focus=name,
+            )
+        )
+    cases += [
+        Case(
+            f"{first}: http_404",
+            "a 404 is an answer about the SKU: never retried",
+            faults=[(first, {"kind": "http_404"})],
+            best=_cheapest(others),
+            failures={first: "http_404"},
+            attempts={first: 1},
+            focus=first,
+        ),
+        Case(
+            f"{last}: wrong_types",
+            "a string where an integer belongs: invalid_data, never retried",
+            faults=[(last, {"kind": "wrong_types"})],
+            best=_cheapest([n for n in names if n != last]),
+            failures={last: "invalid_data"},
+            attempts={last: 1},
+            focus=last,
+        ),
+        Case(
+            'SKU "A&scenario=broken"',
+            "the SKU reaches every supplier literally (404), no scenario smuggled in",
+            request={"sku": "A&scenario=broken"},
+            best=None,
+            failures=dict.fromkeys(names, "http_404"),
+            attempts=everyone,
+            focus=first,
+        ),
+    ]
+    return cases
+
+
+async def supplier_names(session: aiohttp.ClientSession, service_url: str) -> tuple[str, ...]:
+    """The suppliers QuoteFlow asks, in order, as its OpenAPI document names them."""
+    async with session.get(f"{service_url}/openapi.json") as response:
+        document: dict[str, Any] = await response.json()
+    return tuple(document["components"]["schemas"]["Supplier"]["enum"])
+
+
 BREAKER_CASES: Final[Sequence[Case]] = (
     Case(
         "broken, again and again",
@@ -364,7 +446,11 @@ async def breaker_on(session: aiohttp.ClientSession, service_url: str) -> bool:
 
 
 async def run_case(
-    session: aiohttp.ClientSession, lab: LabControl, service_url: str, case: Case
+    session: aiohttp.ClientSession,
+    lab: LabControl,
+    service_url: str,
+    case: Case,
+    suppliers: tuple[str, ...] = SUPPLIERS,
 ) -> Outcome:
     """Set the lab up for ``case``, ask QuoteFlow once, and compare with the expectation."""
     await lab.fresh()
@@ -398,9 +484,9 @@ async def run_case(
     if status != 200:
         return Outcome(case, None, {}, {}, "-", 0.0, [f"QuoteFlow answered {status}: {result}"])
     bill = result.get("explain", {}).get("suppliers", {})
-    stopped = {s: str(bill.get(s, {}).get("stopped", "?")) for s in SUPPLIERS}
+    stopped = {s: str(bill.get(s, {}).get("stopped", "?")) for s in suppliers}
     await lab.wait_idle()
-    attempts = await lab.attempts(result["request_id"])
+    attempts = await lab.attempts(result["request_id"], suppliers)
     problems = []
     if best != case.best:
         problems.append(f"best {best}, expected {case.best}")
@@ -418,7 +504,7 @@ async def run_case(
         best,
         failures,
         attempts,
-        stopped["boreal"],
+        stopped[case.focus],
         float(result["elapsed_ms"]),
         problems,
         notes,
@@ -426,6 +512,7 @@ async def run_case(
 
 
 COLUMNS: Final = ("case", "best", "failures", "attempts a/b/c", "boreal stopped", "ms", "")
+CATALOGUE_COLUMNS: Final = ("case", "best", "failures", "attempts", "stopped", "ms", "")
 WIDTHS: Final = (31, 7, 24, 14, 18, 6, 2)
 RIGHT: Final = 5  # the ms column
 
@@ -437,14 +524,14 @@ def _row(cells: Sequence[str]) -> str:
     ).rstrip()
 
 
-def format_outcome(outcome: Outcome) -> list[str]:
+def format_outcome(outcome: Outcome, suppliers: tuple[str, ...] = SUPPLIERS) -> list[str]:
     """The table row and the line explaining it (plus any mismatch)."""
     codes = set(outcome.failures.values())
-    if len(outcome.failures) == len(SUPPLIERS) and len(codes) == 1:
+    if len(outcome.failures) == len(suppliers) and len(codes) == 1:
         failures = f"all: {codes.pop()}"
     else:
         failures = ", ".join(f"{s}:{c}" for s, c in outcome.failures.items()) or "-"
-    attempts = "/".join(str(outcome.attempts.get(s, 0)) for s in SUPPLIERS)
+    attempts = "/".join(str(outcome.attempts.get(s, 0)) for s in suppliers)
     mark = "ok" if not outcome.problems else "!!"
     lines = [
         _row(
@@ -683,28 +770,40 @@ async def demo(service_url: str, lab_url: str) -> int:
             except aiohttp.ClientError:
                 print(f"demo: no {name} at {url}; start the pair with `make run` first")
                 return 1
-        print(
-            f"QuoteFlow {service_url}, provider lab {lab_url}; faults act on boreal.\n"
-            "attempts: requests each supplier received with the request's id (lab /stats);\n"
-            "boreal stopped: why QuoteFlow made no further attempt (its budget bill).\n"
-        )
-        print(_row(COLUMNS))
-        print(_row(["-" * w for w in WIDTHS]))
+        suppliers = await supplier_names(session, service_url)
         outcomes = []
-        cases = list(CASES)
-        if await breaker_on(session, service_url):
-            cases += BREAKER_CASES
+        if suppliers == SUPPLIERS:
+            print(
+                f"QuoteFlow {service_url}, provider lab {lab_url}; faults act on boreal.\n"
+                "attempts: requests each supplier received with the request's id (lab /stats);\n"
+                "boreal stopped: why QuoteFlow made no further attempt (its budget bill).\n"
+            )
+            print(_row(COLUMNS))
+            cases = list(CASES)
+            if await breaker_on(session, service_url):
+                cases += BREAKER_CASES
+            else:
+                print("QuoteFlow's circuit breaker is off: its cases are left out.\n")
+            runs, missing = await sharing_runs(session, service_url)
+            for line in missing:
+                print(f"QuoteFlow's {line}")
+            if missing:
+                print()
         else:
-            print("QuoteFlow's circuit breaker is off: its cases are left out.\n")
-        runs, missing = await sharing_runs(session, service_url)
-        for line in missing:
-            print(f"QuoteFlow's {line}")
-        if missing:
-            print()
+            print(
+                f"QuoteFlow {service_url} asks a catalogue of {len(suppliers)}: "
+                f"{', '.join(suppliers)}; provider lab {lab_url} serves them.\n"
+                f"attempts: requests each received ({'/'.join(suppliers)}); stopped: why the "
+                "case's supplier got no further attempt.\n"
+            )
+            print(_row(CATALOGUE_COLUMNS))
+            cases = catalogue_cases(suppliers)
+            runs = []  # the coalescing and cache cases are written for the lesson's three
+        print(_row(["-" * w for w in WIDTHS]))
         for case in cases:
-            outcome = await run_case(session, lab, service_url, case)
+            outcome = await run_case(session, lab, service_url, case, suppliers)
             outcomes.append(outcome)
-            print("\n".join(format_outcome(outcome)), flush=True)
+            print("\n".join(format_outcome(outcome, suppliers)), flush=True)
         for run in runs:
             outcome = await run(session, lab, service_url)
             outcomes.append(outcome)

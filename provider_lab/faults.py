@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 import attrs
@@ -303,14 +303,14 @@ def _to_int(name: str, text: str) -> int:
         raise FaultError([f"{name}: {text!r} is not an integer"]) from None
 
 
-def parse_fault_spec(spec: str) -> tuple[str, Fault]:
+def parse_fault_spec(spec: str, suppliers: Sequence[str] = SUPPLIERS) -> tuple[str, Fault]:
     """Parse the CLI form ``SUPPLIER:KIND[:KEY=VALUE,...]`` into a supplier and a fault."""
     supplier, sep, rest = spec.partition(":")
-    if not sep or supplier not in SUPPLIERS:
+    if not sep or supplier not in suppliers:
         raise FaultError(
             [
                 f"{spec!r}: expected SUPPLIER:KIND[:KEY=VALUE,...], supplier one of "
-                f"{', '.join(SUPPLIERS)}"
+                f"{', '.join(suppliers)}"
             ]
         )
     kind_text, _, options = rest.partition(":")
@@ -335,8 +335,8 @@ class _Armed:
 class FaultTable:
     """The faults switched on for each supplier, consumed one per request."""
 
-    def __init__(self) -> None:
-        self._queues: dict[str, deque[_Armed]] = {s: deque() for s in SUPPLIERS}
+    def __init__(self, suppliers: Sequence[str] = SUPPLIERS) -> None:
+        self._queues: dict[str, deque[_Armed]] = {s: deque() for s in suppliers}
 
     def replace(self, supplier: str, fault: Fault) -> None:
         """Make ``fault`` the only fault of ``supplier``."""

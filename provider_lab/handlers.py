@@ -17,7 +17,7 @@ from aiohttp import web
 
 from provider_lab import answers
 from provider_lab.answers import Call
-from provider_lab.catalogue import SUPPLIERS, Offer, lookup
+from provider_lab.catalogue import Offer, lookup
 from provider_lab.faults import Fault, Kind
 from provider_lab.state import SCENARIOS, STATE
 
@@ -57,7 +57,8 @@ def _deadline(header: str | None) -> float | None:
 async def quote(request: web.Request) -> web.StreamResponse:
     """Answer one supplier request: a quote, a scenario's behaviour, or an injected fault."""
     supplier = request.match_info["supplier"]
-    if supplier not in SUPPLIERS:
+    state = request.app[STATE]
+    if supplier not in state.suppliers:
         return answers.json_response(404, {"error": "unknown_supplier", "supplier": supplier})
     scenario = request.query.get("scenario", "normal")
     if scenario not in SCENARIOS:
@@ -67,7 +68,6 @@ async def quote(request: web.Request) -> web.StreamResponse:
     sku = request.query.get("sku")
     if sku is None:
         return answers.json_response(400, {"error": "missing_sku"})
-    state = request.app[STATE]
     headers = request.headers
     call = Call(
         request=request,
@@ -126,7 +126,7 @@ async def _decide(call: Call, label: _Label) -> tuple[str, web.StreamResponse]:
     if fault is not None:
         label.what = str(fault.kind)  # kept if the client leaves while it is served
         return label.what, await _faulty(call, fault)
-    if call.supplier == "boreal" and call.scenario != "normal":
+    if call.scenario != "normal" and call.supplier in state.scenario_suppliers:
         scenario = await _scenario(call)
         if scenario is not None:
             return scenario
@@ -165,7 +165,9 @@ async def _scenario(call: Call) -> tuple[str, web.StreamResponse] | None:
             return label, answers.json_response(503, {"error": "scenario_broken"})
         case "flaky":
             # No X-Request-ID means every request is a first sight: always 503.
-            if call.request_id is None or call.state.flaky_seen.add(call.request_id):
+            # Keyed per supplier too: with several playing, each fails its first sight.
+            seen = f"{call.supplier} {call.request_id}"
+            if call.request_id is None or call.state.flaky_seen.add(seen):
                 return label, answers.json_response(503, {"error": "scenario_flaky"})
         case "malformed":
             offer = lookup(call.supplier, call.sku)
@@ -231,7 +233,7 @@ async def _faulty(call: Call, fault: Fault) -> web.StreamResponse:
         case Kind.SLOW_BODY:
             return await answers.slow_body(call, fault, offer)
     # latency and a blip that did not fire: the answer the scenario would give.
-    if call.supplier == "boreal" and call.scenario != "normal":
+    if call.scenario != "normal" and call.supplier in call.state.scenario_suppliers:
         scenario = await _scenario(call)
         if scenario is not None:
             return scenario[1]

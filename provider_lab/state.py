@@ -9,6 +9,7 @@ from typing import Final
 import attrs
 from aiohttp import web
 
+from provider_lab.catalogue import SUPPLIERS
 from provider_lab.faults import Fault, FaultTable
 from provider_lab.stats import RecentIds, Stats
 
@@ -19,6 +20,11 @@ SCENARIOS: Final = ("normal", "slow", "broken", "malformed", "flaky")
 class LabConfig:
     """Start-up settings: from the CLI, or built directly by tests."""
 
+    suppliers: tuple[str, ...] = SUPPLIERS
+    """The suppliers the lab answers for, at ``/quotes/{name}``."""
+    scenario_suppliers: tuple[str, ...] | None = None
+    """The suppliers the lesson's scenarios act on; ``None``: boreal if the lab serves it
+    (as the lesson has it), else every supplier."""
     latency_ms: int = 0
     slow_ms: int = 2000
     faults: Sequence[tuple[str, Fault]] = ()
@@ -32,16 +38,28 @@ class LabState:
 
     def __init__(self, config: LabConfig) -> None:
         self.config = config
+        self.suppliers = frozenset(config.suppliers)
+        self.scenario_suppliers = frozenset(
+            config.scenario_suppliers
+            or (("boreal",) if "boreal" in config.suppliers else config.suppliers)
+        )
         self.latency_ms = config.latency_ms
-        self.faults = FaultTable()
+        self.faults = FaultTable(config.suppliers)
         for supplier, fault in config.faults:
             self.faults.append(supplier, fault)
-        self.stats = Stats(config.id_limit)
+        self.stats = Stats(config.id_limit, config.suppliers)
         self.flaky_seen = RecentIds(config.flaky_id_limit)
         self.blip_seen = RecentIds(config.flaky_id_limit)
         self.random = random.Random(config.seed)
         self.cache_control: dict[str, str] = {}
         """The ``Cache-Control`` header each supplier sends on its answers (none if absent)."""
+
+    def other_than(self, supplier: str) -> str:
+        """Another supplier's name (the next one the lab serves), for a wrong echo."""
+        names = self.config.suppliers
+        if len(names) == 1:
+            return supplier + "-other"
+        return names[(names.index(supplier) + 1) % len(names)]
 
     def reset(self) -> None:
         """Zero the statistics and forget which request ids were seen."""

@@ -12,8 +12,6 @@ from typing import Final
 
 import attrs
 
-from provider_lab.catalogue import SUPPLIERS
-
 HEADERS_PER_ID: Final = 32
 
 
@@ -51,8 +49,9 @@ class _RequestRecord:
 class Stats:
     """Counters behind ``GET /stats``; ``reset`` zeroes them."""
 
-    def __init__(self, id_limit: int) -> None:
+    def __init__(self, id_limit: int, suppliers: tuple[str, ...]) -> None:
         self._id_limit = id_limit
+        self._suppliers = suppliers
         self.active = 0
         self.reset()
 
@@ -61,8 +60,8 @@ class Stats:
         self.max_active = self.active
         self.total = 0
         self.deadline_expired = 0
-        self.per_supplier: Counter[str] = Counter({s: 0 for s in SUPPLIERS})
-        self.answers: dict[str, Counter[str]] = {s: Counter() for s in SUPPLIERS}
+        self.per_supplier: Counter[str] = Counter({s: 0 for s in self._suppliers})
+        self.answers: dict[str, Counter[str]] = {s: Counter() for s in self._suppliers}
         self._requests: OrderedDict[str, _RequestRecord] = OrderedDict()
 
     def started(

@@ -13,17 +13,17 @@ import logging
 import os
 import shlex
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from quoteflow import handlers, logs
-from quoteflow.breaker import Breakers
 from quoteflow.cache import CachingGateway, QuoteCache
+from quoteflow.catalogue import Catalogue
 from quoteflow.coalesce import CoalescingGateway
-from quoteflow.config import SUPPLIERS, Settings
+from quoteflow.config import Settings
 from quoteflow.connections import ConnectionLimits, GuardedRunner, reserve_descriptors
 from quoteflow.fleet import Coordinator
 from quoteflow.hostmetrics import HostTelemetry
@@ -32,19 +32,24 @@ from quoteflow.observe import PlainGauge, ReadCounter, Telemetry
 from quoteflow.options import (
     GUNICORN_MASTER_ENV,
     ConfigError,
+    load_catalogue,
     loggable,
     metrics_dir,
     settings_from_environ,
 )
-from quoteflow.retry import RetryBudget, RetryLimiter
+from quoteflow.reload import register
+from quoteflow.retry import RetryLimiter
+from quoteflow.roster import SupplierRoster
 from quoteflow.service import QuoteService, SupplierGateway
 from quoteflow.slots import OutboundLimiter, OutboundSlots
-from quoteflow.supplier import SupplierClient
+from quoteflow.supplier import SupplierClient, session_timeout
 
 log = logging.getLogger("quoteflow")
 
 SETTINGS = web.AppKey("settings", Settings)
 SUPPLIER_CLIENT = web.AppKey("supplier_client", SupplierClient)
+ROSTER = web.AppKey("roster", SupplierRoster)
+"""The catalogue served now, and what reloads it."""
 COORDINATOR = web.AppKey("coordinator", Coordinator)
 """Fleet mode only (``redis_url`` set): this worker's link to the others through Redis."""
 
@@ -58,11 +63,17 @@ WORKER_BOOT_ERROR = 3
 def create_app(
     settings: Settings,
     *,
+    catalogue: Catalogue | None = None,
+    environ: Mapping[str, str] = os.environ,
     gateway: GatewayFactory | None = None,
     host_metrics: bool = False,
 ) -> web.Application:
     """Build the QuoteFlow app; no I/O happens until it starts.
 
+    ``catalogue``: the suppliers to ask, as ``options.load_catalogue`` read
+    them from ``settings.suppliers_file``; left out, the three lab suppliers
+    (it must be given when the settings name a file). With a file, a
+    ``SIGHUP`` re-reads it (``roster.py``), resolving ``${VAR}`` from ``environ``.
     ``gateway`` wraps the supplier gateway the service would use (the real
     client, behind the cache and coalescing when they are on) — a seam for
     tests that need a supplier call to misbehave in ways no HTTP server can
@@ -77,13 +88,24 @@ def create_app(
         middlewares.append(handlers.auth_middleware)
     app = web.Application(client_max_size=settings.max_request_bytes, middlewares=middlewares)
     app[SETTINGS] = settings
+    if catalogue is None:
+        if settings.suppliers_file is not None:
+            raise ValueError("create_app: pass the catalogue of settings.suppliers_file")
+        catalogue = load_catalogue(settings, environ)  # the default: no file, no I/O
+    roster = app[ROSTER] = SupplierRoster(settings, catalogue, environ)
+    if settings.suppliers_file is not None:
+        register(app, roster)
     app[handlers.BODY_TIMEOUT] = settings.body_timeout
     if settings.api_keys is not None:
         app[handlers.API_KEYS] = settings.api_keys
     app[handlers.METRICS_NEED_KEY] = settings.metrics_require_key
     app.on_startup.append(_log_api_keys)
     if host_metrics:
-        host = HostTelemetry(CollectorRegistry(auto_describe=True))
+        # No auto_describe: registering the multiprocess collector would read
+        # every worker's files at boot, and a sibling booting at the same time
+        # (gunicorn's HUP starts them together) may have an empty one yet:
+        # struct.error, exit 3, and gunicorn halts the whole fleet.
+        host = HostTelemetry(CollectorRegistry(auto_describe=False))
         # Before the session's context: its last flush comes after every request has finished.
         app.cleanup_ctx.append(host.flushing)
         app[handlers.TELEMETRY] = host
@@ -146,6 +168,7 @@ async def gunicorn_app() -> web.AppRunner:
     """
     try:
         settings = settings_from_environ(os.environ)
+        catalogue = load_catalogue(settings, os.environ)
         reserve_descriptors(ConnectionLimits.of(settings), settings.outbound_limit)
     except ConfigError as exc:
         print(f"quoteflow: error: {exc}", file=sys.stderr, flush=True)
@@ -157,7 +180,7 @@ async def gunicorn_app() -> web.AppRunner:
         raise SystemExit(WORKER_BOOT_ERROR)
     logs.configure(settings.log_level, settings.log_format, process_ids=True)
     host_metrics = metrics_dir(os.environ) is not None
-    fields = loggable(settings)
+    fields = loggable(settings, catalogue)
     for gunicorns in ("host", "port", "event_loop"):  # gunicorn's options decide these
         del fields[gunicorns]
     log_event(
@@ -166,7 +189,7 @@ async def gunicorn_app() -> web.AppRunner:
         "starting",
         {**fields, "worker_pid": os.getpid(), "host_metrics": host_metrics},
     )
-    return DrainingRunner(create_app(settings, host_metrics=host_metrics))
+    return DrainingRunner(create_app(settings, catalogue=catalogue, host_metrics=host_metrics))
 
 
 def _without_config(argv: Sequence[str] = sys.argv) -> str:
@@ -243,7 +266,15 @@ async def _coordination(app: web.Application) -> AsyncIterator[None]:
     Starting opens no connection that could block: a Redis that is down at
     start-up only means this worker starts on its own (one attempt at a time) and joins later.
     """
-    coordinator = Coordinator(app[SETTINGS])
+    catalogue = app[ROSTER].catalogue
+    # One share and one bucket size for every supplier (options.load_catalogue checks).
+    first = catalogue.suppliers[0]
+    coordinator = Coordinator(
+        app[SETTINGS],
+        suppliers=catalogue.names,
+        share=first.share,
+        retry_budget_capacity=first.retry_budget_capacity,
+    )
     await coordinator.start()
     app[COORDINATOR] = coordinator
     app[handlers.TELEMETRY].watch_coordination(
@@ -258,18 +289,16 @@ async def _coordination(app: web.Application) -> AsyncIterator[None]:
         await coordinator.close()
 
 
-def _limits(app: web.Application) -> tuple[OutboundLimiter, dict[str, RetryLimiter]]:
-    """The outbound slots and retry budgets: the fleet's when there is one, else in memory."""
-    settings = app[SETTINGS]
+def _limits(app: web.Application) -> tuple[OutboundLimiter, Mapping[str, RetryLimiter] | None]:
+    """The outbound slots and retry budgets: the fleet's when there is one, else in memory.
+
+    ``None`` budgets: the supplier client makes each supplier's own.
+    """
     coordinator = app.get(COORDINATOR)
     if coordinator is not None:
         return coordinator.slots, dict(coordinator.budgets)
-    slots = OutboundSlots(settings.outbound_limit, settings.supplier_share, SUPPLIERS)
-    budgets: dict[str, RetryLimiter] = {
-        supplier: RetryBudget(settings.retry_budget_capacity, settings.retry_budget_earn)
-        for supplier in SUPPLIERS
-    }
-    return slots, budgets
+    slots = OutboundSlots(app[SETTINGS].outbound_limit, app[ROSTER].catalogue.shares())
+    return slots, None
 
 
 def _sharing(
@@ -326,13 +355,8 @@ def _supplier_session(
         """The app's one ``ClientSession``, open from start-up to shutdown."""
         settings = app[SETTINGS]
         connector = aiohttp.TCPConnector(limit=settings.outbound_limit)
-        timeout = aiohttp.ClientTimeout(
-            total=None,  # a total timeout can eat the request deadline's cancellation
-            sock_connect=settings.connect_timeout,
-            # A read timeout at or past the budget can never fire before the
-            # deadline does: then no timer, instead of one re-armed per read.
-            sock_read=settings.read_timeout if settings.read_timeout < settings.budget else None,
-        )
+        # The global timeouts; a supplier of the catalogue with its own has its own per request.
+        timeout = session_timeout(settings.connect_timeout, settings.read_timeout, settings.budget)
         async with aiohttp.ClientSession(
             connector=connector,
             timeout=timeout,
@@ -346,40 +370,37 @@ def _supplier_session(
             # would become four on the wire. Only this private switch stops it.
             session._retry_connection = False
             slots, budgets = _limits(app)
+            roster = app[ROSTER]
             client = SupplierClient(
                 session,
                 settings,
+                roster.catalogue,
                 slots=slots,
                 retry_budgets=budgets,
                 keep_cache_control=settings.cache_size > 0,
             )
             telemetry = app[handlers.TELEMETRY]
-            breakers = None
-            if settings.breaker_failures:
-                breakers = Breakers(
-                    SUPPLIERS,
-                    failures_to_open=settings.breaker_failures,
-                    open_time=settings.breaker_open,
-                    open_max=settings.breaker_open_max,
-                    listener=telemetry.circuit_moved,
-                )
             shared, cache = _sharing(settings, client, telemetry)
             service = QuoteService(
                 gateway(shared) if gateway else shared,
+                roster.lineup(telemetry),
                 budget=settings.budget,
                 inbound_limit=settings.inbound_limit,
                 answer_reserve=settings.answer_reserve,
-                breakers=breakers,
                 stale_quotes=cache,
             )
             app[SUPPLIER_CLIENT] = client
             app[handlers.SERVICE] = service
-            telemetry.watch(
-                inbound=lambda: service.in_flight,
-                outbound=lambda: client.in_flight,
-                retry_tokens=client.retry_tokens,
-                circuit_state=None if breakers is None else breakers.state,
+            telemetry.watch(inbound=lambda: service.in_flight, outbound=lambda: client.in_flight)
+            roster.wire(
+                client,
+                service,
+                telemetry,
+                slots=slots if isinstance(slots, OutboundSlots) else None,
             )
-            yield
+            try:
+                yield
+            finally:
+                roster.stop()
 
     return session_ctx

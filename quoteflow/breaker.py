@@ -169,24 +169,47 @@ class CircuitBreaker:
 
 
 class Breakers:
-    """A breaker for each supplier, shared by every request of the process."""
+    """A breaker for each supplier that has one, shared by every request of the process."""
 
     def __init__(
         self,
-        suppliers: tuple[str, ...],
+        failures_to_open: Mapping[str, int],
         *,
-        failures_to_open: int,
         open_time: float,
         open_max: float,
         listener: Listener,
+        previous: Breakers | None = None,
     ) -> None:
-        self._breakers = {
-            supplier: CircuitBreaker(supplier, failures_to_open, open_time, open_max, listener)
-            for supplier in suppliers
+        """One breaker per supplier whose ``failures_to_open`` is above 0.
+
+        ``previous`` (a reload): a supplier that keeps its threshold keeps its
+        breaker, state and all.
+        """
+        kept = {} if previous is None else previous._breakers
+        self._breakers: dict[str, CircuitBreaker] = {
+            supplier: (
+                kept[supplier]
+                if supplier in kept and kept[supplier].failures_to_open == failures
+                else CircuitBreaker(supplier, failures, open_time, open_max, listener)
+            )
+            for supplier, failures in failures_to_open.items()
+            if failures
         }
+
+    def __bool__(self) -> bool:
+        return bool(self._breakers)
 
     def __getitem__(self, supplier: str) -> CircuitBreaker:
         return self._breakers[supplier]
+
+    def get(self, supplier: str) -> CircuitBreaker | None:
+        """``supplier``'s breaker, or ``None`` if it has none."""
+        return self._breakers.get(supplier)
+
+    @property
+    def suppliers(self) -> tuple[str, ...]:
+        """The suppliers with a breaker."""
+        return tuple(self._breakers)
 
     def state(self, supplier: str) -> State:
         """``supplier``'s state as last moved; an open circuit past its time reads open."""

@@ -14,10 +14,11 @@ from aiohttp import web
 
 from quoteflow import logs
 from quoteflow.app import ServingRunner, begin_draining, create_app
+from quoteflow.catalogue import Catalogue
 from quoteflow.config import Settings
 from quoteflow.connections import ConnectionLimits, reserve_descriptors
 from quoteflow.logs import log_event
-from quoteflow.options import ConfigError, loggable, parse_settings
+from quoteflow.options import ConfigError, load_catalogue, loggable, parse_settings
 from quoteflow.reload import reload_all
 
 __all__ = ["ConfigError", "main", "parse_settings"]
@@ -29,19 +30,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run QuoteFlow until interrupted; a bad setting exits 2 with one line."""
     try:
         settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
+        catalogue = load_catalogue(settings, os.environ)
         reserve_descriptors(ConnectionLimits.of(settings), settings.outbound_limit)
     except ConfigError as exc:
         print(f"quoteflow: error: {exc}", file=sys.stderr)
         return 2
     logs.configure(settings.log_level, settings.log_format)
-    log_event(log, logging.INFO, "starting", loggable(settings))
+    log_event(log, logging.INFO, "starting", loggable(settings, catalogue))
     try:
         loop = _new_event_loop(settings.event_loop)
     except ImportError:
         print("quoteflow: error: --event-loop uvloop: uvloop is not installed", file=sys.stderr)
         return 2
     try:
-        _serve(settings, loop)
+        _serve(settings, catalogue, loop)
     except OSError as exc:  # address in use, unknown host, no permission
         where = f"{settings.host}:{settings.port}"
         print(f"quoteflow: error: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
@@ -50,16 +52,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _serve(settings: Settings, loop: asyncio.AbstractEventLoop) -> None:
+def _serve(settings: Settings, catalogue: Catalogue, loop: asyncio.AbstractEventLoop) -> None:
     asyncio.set_event_loop(loop)
     try:
-        loop.run_until_complete(_run(settings))
+        loop.run_until_complete(_run(settings, catalogue))
     finally:
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 
 
-async def _run(settings: Settings) -> None:
+async def _run(settings: Settings, catalogue: Catalogue) -> None:
     """Serve until SIGTERM or SIGINT; then drain, stop accepting and finish in-flight work.
 
     SIGHUP re-reads the files QuoteFlow serves from (``reload.py``).
@@ -70,7 +72,7 @@ async def _run(settings: Settings) -> None:
     2. The listener closes; requests in flight finish, each within its budget.
     3. The ``ClientSession`` closes. The process exits 0.
     """
-    app = create_app(settings)
+    app = create_app(settings, catalogue=catalogue)
     runner = ServingRunner(app)
     await runner.setup()
     try:

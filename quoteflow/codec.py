@@ -244,10 +244,19 @@ def decode_supplier_quote(body: bytes, *, supplier: str, sku: str) -> SupplierQu
     wrong or missing or extra keys, wrong types, negative numbers, or a quote
     that names another supplier or SKU.
     """
+    return supplier_quote_from(decode_supplier_json(body), supplier=supplier, sku=sku)
+
+
+def decode_supplier_json(body: bytes) -> Any:
+    """A supplier's 200 body as strict JSON (an adapter's input); ``InvalidSupplierData`` if not."""
     try:
-        obj = _loads(body)
+        return _loads(body)
     except ValueError as exc:
         raise InvalidSupplierData(f"not JSON: {exc}") from exc
+
+
+def supplier_quote_from(obj: Any, *, supplier: str, sku: str) -> SupplierQuote:
+    """Check decoded JSON (or an adapter's output) as ``supplier``'s quote for ``sku``."""
     if type(obj) is not dict:
         raise InvalidSupplierData(f"not a JSON object but {_json_type(obj)}")
     try:

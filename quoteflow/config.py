@@ -10,9 +10,6 @@ from yarl import URL
 
 from quoteflow.auth import ApiKeys
 
-SUPPLIERS: tuple[str, ...] = ("atlas", "boreal", "cedar")
-"""Every supplier QuoteFlow asks, in the order failures are listed."""
-
 SCENARIOS: tuple[str, ...] = ("normal", "slow", "broken", "malformed", "flaky")
 """Lab scenarios a caller may forward to the suppliers."""
 
@@ -57,18 +54,17 @@ class Settings:
     """Inbound requests served at once; the next one gets 503 at once."""
     outbound_limit: int = attrs.field(default=6, validator=v.ge(1))
     """Supplier HTTP attempts in flight at once, shared by every request."""
-    supplier_share: int = attrs.field(
-        default=attrs.Factory(
-            lambda self: max(1, self.outbound_limit - (len(SUPPLIERS) - 1)), takes_self=True
-        ),
-        validator=v.ge(1),
-    )
+    supplier_share: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
     """Outbound slots one supplier may hold at once: a hanging one cannot starve the rest.
 
-    By default all but one slot for each other supplier (4 of 6): a slow but
+    ``None`` (the default): all but one slot for each other supplier of the
+    catalogue, at least 1 (4 of 6 for the three lab suppliers): a slow but
     healthy supplier still gets most of the capacity, and a hanging one always
-    leaves slots for the others.
+    leaves slots for the others. A catalogue entry's own ``share`` wins.
     """
+    suppliers_file: str | None = attrs.field(default=None)
+    """The supplier catalogue, a TOML file (``catalogue.py``); ``None``: the three lab
+    suppliers under ``provider_url``."""
     attempts: int = attrs.field(default=2, validator=[v.ge(1), v.le(2)])
     backoff_min: float = attrs.field(default=0.020, validator=v.ge(0))
     backoff_max: float = attrs.field(default=0.030, validator=v.ge(0))
@@ -147,6 +143,13 @@ class Settings:
             raise ValueError(problem) from None
         if url.scheme not in ("http", "https") or not url.host:
             raise ValueError(problem)
+
+    @suppliers_file.validator
+    def _check_suppliers_file(
+        self, attribute: attrs.Attribute[str | None], value: str | None
+    ) -> None:
+        if value is not None and not value:
+            raise ValueError("suppliers_file must be a path, got an empty string")
 
     @redis_url.validator
     def _check_redis_url(self, attribute: attrs.Attribute[str | None], value: str | None) -> None:

@@ -8,16 +8,15 @@ as a JSON body — never as HTML or a traceback — carrying the request's id.
 from __future__ import annotations
 
 import asyncio
-import functools
 import random
 import re
-from importlib import resources
 from typing import Any
 
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from quoteflow.apidoc import openapi_document
 from quoteflow.auth import ApiKeys
 from quoteflow.codec import decode_request, encode_errors, encode_explain, encode_result, to_json
 from quoteflow.errors import (
@@ -81,13 +80,9 @@ async def metrics(request: web.Request) -> web.Response:
 
 @_routes.get("/openapi.json")
 async def openapi(request: web.Request) -> web.Response:
-    """QuoteFlow's OpenAPI document, as kept in the package."""
-    return web.Response(body=_openapi_document(), content_type="application/json")
-
-
-@functools.cache
-def _openapi_document() -> bytes:
-    return resources.files("quoteflow").joinpath("openapi.json").read_bytes()
+    """QuoteFlow's OpenAPI document, naming the suppliers of the catalogue served now."""
+    suppliers = request.app[SERVICE].lineup.suppliers
+    return web.Response(body=openapi_document(suppliers), content_type="application/json")
 
 
 @_routes.post("/api/quotes")

@@ -26,7 +26,6 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from quoteflow.breaker import State
-from quoteflow.config import SUPPLIERS
 from quoteflow.logs import log_event
 from quoteflow.models import (
     STOPPED_CACHED,
@@ -327,17 +326,43 @@ class Telemetry:
         self,
         inbound: Callable[[], float],
         outbound: Callable[[], float],
-        retry_tokens: Callable[[str], float],
-        circuit_state: Callable[[str], float] | None = None,
     ) -> None:
-        """Read the gauges from the service and the client at scrape time."""
+        """Read the in-flight gauges from the service and the client at scrape time."""
         self._inbound.readers[()] = inbound
         self._outbound.readers[()] = outbound
-        for supplier in SUPPLIERS:
-            self._retry_tokens.readers[(supplier,)] = functools.partial(retry_tokens, supplier)
-            if circuit_state is not None:
-                state = functools.partial(circuit_state, supplier)
-                self._circuit_state.readers[(supplier,)] = state
+
+    def watch_suppliers(
+        self,
+        suppliers: Iterable[str],
+        retry_tokens: Callable[[str], float],
+        circuit_state: Callable[[str], float] | None = None,
+        with_circuit: Iterable[str] = (),
+    ) -> None:
+        """Read each supplier's gauges at scrape time: the catalogue's, replacing any before.
+
+        ``with_circuit``: the suppliers that have a breaker, read by ``circuit_state``.
+        """
+        self._retry_tokens.readers = {
+            (supplier,): functools.partial(retry_tokens, supplier) for supplier in suppliers
+        }
+        self._circuit_state.readers = (
+            {}
+            if circuit_state is None
+            else {
+                (supplier,): functools.partial(circuit_state, supplier) for supplier in with_circuit
+            }
+        )
+
+    def forget_suppliers(self, suppliers: Iterable[str]) -> None:
+        """A reload dropped ``suppliers``: their series leave every per-supplier metric."""
+        gone = set(suppliers)
+        for metric in self.metrics:
+            if isinstance(metric, PlainCounter) and metric.labels[:1] == ("supplier",):
+                metric.values = {
+                    labels: value
+                    for labels, value in metric.values.items()
+                    if labels[0] not in gone
+                }
 
     def circuit_moved(self, supplier: str, state: State, fields: Mapping[str, object]) -> None:
         """A supplier's circuit changed state: one event and one count per transition."""

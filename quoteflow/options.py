@@ -17,7 +17,9 @@ from typing import Any, NoReturn
 
 import attrs
 
+from quoteflow import catalogue
 from quoteflow.auth import ApiKeys, ApiKeysError
+from quoteflow.catalogue import Catalogue, CatalogueError
 from quoteflow.config import Settings, redact_url
 
 ENV_PREFIX = "QUOTEFLOW_"
@@ -57,7 +59,14 @@ _OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "log_level": (str, "debug, info, warning or error (default info)"),
     "log_format": (str, "json (default) or text, on stderr"),
     "event_loop": (str, "auto (default: uvloop if installed), asyncio, uvloop"),
-    "supplier_share": (int, "outbound slots one supplier may hold (default: limit - 2, so 4 of 6)"),
+    "supplier_share": (
+        int,
+        "outbound slots one supplier may hold (default: limit - (suppliers - 1), so 4 of 6)",
+    ),
+    "suppliers_file": (
+        str,
+        "supplier catalogue, a TOML file (default: atlas, boreal, cedar under --provider-url)",
+    ),
     "min_attempt_time": (float, "least budget a second attempt needs, seconds"),
     "retry_budget_capacity": (float, "retries a supplier may spend in a burst (20)"),
     "retry_budget_earn": (float, "share of a retry each request earns (0.1)"),
@@ -97,8 +106,15 @@ _OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "cache_max_age": (float, "cap on a supplier's max-age and stale-if-error, seconds (30)"),
 }
 
-_FLAGS = {"max_supplier_body_bytes": "--max-supplier-body", "api_keys": "--api-keys-file"}
+_FLAGS = {
+    "max_supplier_body_bytes": "--max-supplier-body",
+    "api_keys": "--api-keys-file",
+    "suppliers_file": "--suppliers",
+}
 """Flags whose name is not the setting's own."""
+
+_ENV = {"suppliers_file": ENV_PREFIX + "SUPPLIERS_FILE"}
+"""Environment variables whose name is not their flag's."""
 
 
 def flag(name: str) -> str:
@@ -108,6 +124,8 @@ def flag(name: str) -> str:
 
 def env_name(name: str) -> str:
     """The environment variable of the setting ``name``: its flag, upper-cased."""
+    if name in _ENV:
+        return _ENV[name]
     return ENV_PREFIX + flag(name).removeprefix("--").upper().replace("-", "_")
 
 
@@ -170,12 +188,40 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
     return settings
 
 
-def loggable(settings: Settings) -> dict[str, Any]:
-    """The settings as the ``starting`` event shows them: a Redis password never reaches a log."""
+def loggable(settings: Settings, suppliers: Catalogue | None = None) -> dict[str, Any]:
+    """The settings as the ``starting`` event shows them: a Redis password never reaches a log.
+
+    With ``suppliers``, the catalogue too: header names, never their values.
+    """
     fields = attrs.asdict(settings)
     if settings.redis_url is not None:
         fields["redis_url"] = redact_url(settings.redis_url)
+    if suppliers is not None:
+        fields["suppliers"] = suppliers.public()
     return fields
+
+
+def load_catalogue(settings: Settings, environ: Mapping[str, str]) -> Catalogue:
+    """The catalogue ``settings`` name: its file, checked, or the three lab suppliers.
+
+    ``environ`` resolves the file's ``${VAR}`` header values. A bad file is one
+    ``ConfigError`` naming the file, the supplier and the field.
+    """
+    if settings.suppliers_file is None:
+        return catalogue.default_catalogue(settings)
+    try:
+        found = catalogue.load(settings.suppliers_file, settings, environ)
+    except CatalogueError as exc:
+        raise ConfigError(f"supplier catalogue {exc}") from None
+    if settings.redis_url is not None:
+        # Fleet mode keeps one share and one retry bucket size for every supplier in Redis.
+        for field in ("share", "retry_budget_capacity"):
+            if len({getattr(supplier, field) for supplier in found.suppliers}) > 1:
+                raise ConfigError(
+                    f"supplier catalogue {settings.suppliers_file}: {field}: fleet mode "
+                    "(--redis-url) needs the same value for every supplier"
+                )
+    return found
 
 
 def settings_from_environ(environ: Mapping[str, str]) -> Settings:

@@ -16,6 +16,10 @@ Before the fan-out each supplier's circuit breaker (``breaker.py``) is asked;
 a supplier whose circuit is open is not called at all (``circuit_open``), and
 every call's outcome is reported back to its breaker afterwards. With the
 quote cache on, a stale quote may then stand in for a failure (``cache.py``).
+
+Which suppliers are asked, and their breakers, come from the catalogue as a
+``Lineup`` handed in by the app. A reload hands in a new one (``use``); each
+request reads it once when it starts and keeps it to the end.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ import time
 from collections.abc import Iterator
 from typing import Protocol
 
+import attrs
+
 from quoteflow.breaker import Breakers, Permit, Verdict, verdict
-from quoteflow.config import SUPPLIERS
 from quoteflow.errors import CapacityExhausted
 from quoteflow.models import (
     CIRCUIT_OPEN,
@@ -78,22 +83,31 @@ class StaleQuotes(Protocol):
         ...
 
 
+@attrs.frozen
+class Lineup:
+    """The suppliers one catalogue names, in the order failures are listed, and their breakers."""
+
+    suppliers: tuple[str, ...]
+    breakers: Breakers | None = None
+    """None: every supplier is asked on every request (no supplier has a breaker)."""
+
+
 class QuoteService:
     """One per process: every request shares its admission counter and gateway."""
 
     def __init__(
         self,
         gateway: SupplierGateway,
+        lineup: Lineup,
         *,
         budget: float,
         inbound_limit: int,
         answer_reserve: float = 0.0,
-        breakers: Breakers | None = None,
         stale_quotes: StaleQuotes | None = None,
     ) -> None:
         self._gateway = gateway
-        self._breakers = breakers
-        """None: every supplier is asked on every request (the breaker is off)."""
+        self.lineup = lineup
+        """Who is asked; replaced whole by ``use``, read once by each request."""
         self._stale_quotes = stale_quotes
         """None: a failure is always the answer (the quote cache is off)."""
         self._budget = budget
@@ -101,6 +115,10 @@ class QuoteService:
         self._answer_reserve = answer_reserve
         self.in_flight = 0
         """Requests admitted and not yet answered."""
+
+    def use(self, lineup: Lineup) -> None:
+        """Ask ``lineup``'s suppliers from the next request on; requests in flight keep theirs."""
+        self.lineup = lineup
 
     def ensure_capacity(self) -> None:
         """Refuse at once, taking nothing, when every inbound slot is taken."""
@@ -131,7 +149,9 @@ class QuoteService:
         # The fan-out stops a little before the budget ends, so that ranking,
         # encoding and sending the answer fit inside it too.
         deadline = admitted_at + self._budget - self._answer_reserve
-        traces = tuple(SupplierTrace(supplier) for supplier in SUPPLIERS)
+        lineup = self.lineup
+        breakers = lineup.breakers
+        traces = tuple(SupplierTrace(supplier) for supplier in lineup.suppliers)
         outcomes: dict[str, SupplierQuote | Failure] = {}
         asked: list[tuple[SupplierTrace, Permit, asyncio.Task[SupplierQuote | Failure]]] = []
         judged = False
@@ -145,7 +165,7 @@ class QuoteService:
             try:
                 async with scope, asyncio.TaskGroup() as group:
                     for trace in traces:
-                        permit = self._permit(trace.supplier)
+                        permit = _permit(breakers, trace.supplier)
                         if permit is Permit.REFUSED:
                             # Not asked at all: the answer waits only for the others.
                             trace.stopped = STOPPED_CIRCUIT_OPEN
@@ -161,21 +181,22 @@ class QuoteService:
             for trace, permit, task in asked:
                 if task.cancelled():
                     trace.stopped = STOPPED_DEADLINE
-                    self._judge(trace, permit, None)
+                    _judge(breakers, trace, permit, None)
                 else:
                     outcomes[trace.supplier] = outcome = task.result()
-                    self._judge(trace, permit, outcome)
+                    _judge(breakers, trace, permit, outcome)
             judged = True
             if self._stale_quotes is not None:
                 # After judging: the breaker learns what the supplier did, not what stood in.
                 self._stale_quotes.cover(request, traces, outcomes)
         finally:
-            if not judged and self._breakers is not None:
+            if not judged and breakers is not None:
                 # The caller left, or a bug: nothing learned, but a probe must
                 # not stay taken for good.
                 for trace, permit, _ in asked:
-                    self._breakers[trace.supplier].record(permit, Verdict.UNKNOWN)
-        result = _rank(request, request_id, outcomes, (time.monotonic() - admitted_at) * 1000)
+                    _judge(breakers, trace, permit, None, Verdict.UNKNOWN)
+        elapsed_ms = (time.monotonic() - admitted_at) * 1000
+        result = _rank(request, request_id, lineup.suppliers, outcomes, elapsed_ms)
         return QuoteReport(
             result=result,
             budget=self._budget,
@@ -184,29 +205,39 @@ class QuoteService:
             traces=traces,
         )
 
-    def _permit(self, supplier: str) -> Permit:
-        if self._breakers is None:
-            return Permit.CALL
-        return self._breakers[supplier].permit()
 
-    def _judge(
-        self, trace: SupplierTrace, permit: Permit, outcome: SupplierQuote | Failure | None
-    ) -> None:
-        if self._breakers is not None:
+def _permit(breakers: Breakers | None, supplier: str) -> Permit:
+    if breakers is None:
+        return Permit.CALL
+    breaker = breakers.get(supplier)
+    return Permit.CALL if breaker is None else breaker.permit()
+
+
+def _judge(
+    breakers: Breakers | None,
+    trace: SupplierTrace,
+    permit: Permit,
+    outcome: SupplierQuote | Failure | None,
+    judged: Verdict | None = None,
+) -> None:
+    if breakers is not None:
+        breaker = breakers.get(trace.supplier)
+        if breaker is not None:
             sent = bool(trace.attempts)
-            self._breakers[trace.supplier].record(permit, verdict(outcome, sent))
+            breaker.record(permit, verdict(outcome, sent) if judged is None else judged)
 
 
 def _rank(
     request: QuoteRequest,
     request_id: str,
+    suppliers: tuple[str, ...],
     outcomes: dict[str, SupplierQuote | Failure],
     elapsed_ms: float,
 ) -> QuoteResult:
     """Usable quotes cheapest first; a failure for every supplier without one."""
     quotes: list[RankedQuote] = []
     failures: list[Failure] = []
-    for supplier in SUPPLIERS:
+    for supplier in suppliers:
         outcome = outcomes.get(supplier)
         if isinstance(outcome, SupplierQuote):
             # Too little stock is a valid answer, not a failure: leave it out.

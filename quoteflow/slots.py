@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 
@@ -42,14 +42,43 @@ class OutboundLimiter(Protocol):
 
 
 class OutboundSlots:
-    """``limit`` slots shared by every supplier, at most ``share`` held by any one."""
+    """``limit`` slots shared by every supplier, at most its share held by any one."""
 
-    def __init__(self, limit: int, share: int, suppliers: Iterable[str]) -> None:
+    def __init__(self, limit: int, shares: Mapping[str, int]) -> None:
         self.limit = limit
-        self.share = share
         self.free = limit
-        self._held = dict.fromkeys(suppliers, 0)
+        self._share = dict(shares)
+        self._held = dict.fromkeys(shares, 0)
+        self._current = set(shares)
         self._waiting: collections.deque[tuple[str, asyncio.Future[None]]] = collections.deque()
+
+    def share(self, supplier: str) -> int:
+        """Slots ``supplier`` may hold at once."""
+        return self._share[supplier]
+
+    def retarget(self, shares: Mapping[str, int]) -> None:
+        """Serve a new catalogue's suppliers and shares from now on.
+
+        A supplier that stays keeps the slots it holds. One that is gone keeps
+        its entry and share for the requests still in flight on the old
+        catalogue, until ``forget`` drops it.
+        """
+        self._share.update(shares)
+        for supplier in shares:
+            self._held.setdefault(supplier, 0)
+        self._current = set(shares)
+        if self._waiting:
+            self._hand_out()  # a larger share may let a waiter in now
+
+    def forget(self, suppliers: Iterable[str]) -> None:
+        """Drop suppliers of an old catalogue once no attempt holds or waits for their slots."""
+        waiting = {supplier for supplier, _ in self._waiting}
+        for supplier in suppliers:
+            if supplier in self._current or supplier not in self._held:
+                continue  # named again by a later catalogue, or already forgotten
+            if self._held[supplier] or supplier in waiting:
+                continue  # still busy (one budget after the reload: never)
+            del self._held[supplier], self._share[supplier]
 
     @property
     def in_use(self) -> int:
@@ -62,7 +91,7 @@ class OutboundSlots:
 
     async def acquire(self, supplier: str) -> None:
         """Take a slot for ``supplier``, waiting first come, first served until one fits."""
-        if self.free and self._held[supplier] < self.share:
+        if self.free and self._held[supplier] < self._share[supplier]:
             # Nobody waiting could use this slot: release() hands a slot to
             # every waiter it fits the moment it frees, so whoever still waits
             # is waiting for their own supplier's share.
@@ -92,7 +121,7 @@ class OutboundSlots:
         index = 0
         while self.free and index < len(self._waiting):
             supplier, granted = self._waiting[index]
-            if granted.done() or self._held[supplier] >= self.share:
+            if granted.done() or self._held[supplier] >= self._share[supplier]:
                 index += 1  # cancelled and about to leave, or its supplier is at its share
                 continue
             del self._waiting[index]

@@ -20,10 +20,11 @@ cancellation must reach the caller, never be mistaken for a socket timeout.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import Mapping
-from typing import Final
+from typing import Any, Final
 
 import aiohttp
 import attrs
@@ -31,9 +32,11 @@ from aiohttp import hdrs
 from aiohttp.http_exceptions import ContentLengthError, TransferEncodingError
 from yarl import URL
 
-from quoteflow.codec import decode_supplier_quote
-from quoteflow.config import SUPPLIERS, Settings
+from quoteflow.catalogue import Adapter, Catalogue, Supplier
+from quoteflow.codec import decode_supplier_json, decode_supplier_quote, supplier_quote_from
+from quoteflow.config import Settings
 from quoteflow.errors import InvalidSupplierData
+from quoteflow.logs import log_event
 from quoteflow.models import (
     INVALID_DATA,
     OK,
@@ -55,6 +58,8 @@ from quoteflow.models import (
 )
 from quoteflow.retry import AttemptTimeEstimate, RetryBudget, RetryLimiter, retry_after_delay
 from quoteflow.slots import OutboundLimiter, OutboundSlots
+
+log = logging.getLogger("quoteflow")
 
 TRANSIENT_ERRORS: Final = (
     aiohttp.ClientConnectorError,  # refused or unreachable before a byte was sent
@@ -128,13 +133,38 @@ _URLS_KEPT: Final = 1024
 
 
 class _SupplierState:
-    """What the process knows about one supplier, shared by every request."""
+    """What the process knows about one supplier, shared by every request.
 
-    def __init__(self, supplier: str, settings: Settings, retry_budget: RetryLimiter) -> None:
-        self.url = URL(settings.provider_url) / "quotes" / supplier
+    Built from the supplier's catalogue entry; a reload builds a new one,
+    carrying over what was learned (the retry budget, the attempt times).
+    """
+
+    def __init__(
+        self,
+        supplier: Supplier,
+        settings: Settings,
+        retry_budget: RetryLimiter,
+        attempt_time: AttemptTimeEstimate | None = None,
+    ) -> None:
+        self.spec = supplier
+        self.url = URL(supplier.url)
         self._urls: dict[tuple[str, str], URL] = {}
-        self.attempt_time = AttemptTimeEstimate(settings.min_attempt_time)
+        self.attempt_time = attempt_time or AttemptTimeEstimate(settings.min_attempt_time)
         self.retry_budget = retry_budget
+        self.headers = dict(supplier.headers)
+        """The catalogue's headers, sent on every attempt (empty for the lab's suppliers)."""
+        self.adapter: Adapter | None = supplier.adapter
+        self.get_options: dict[str, Any] = {"allow_redirects": False}
+        """Keyword arguments of every ``session.get``, fixed here rather than per attempt."""
+        if (supplier.connect_timeout, supplier.read_timeout) != (
+            settings.connect_timeout,
+            settings.read_timeout,
+        ):
+            # A request's own ClientTimeout replaces the session's whole one:
+            # never ``total`` (it can eat the deadline's cancellation, contract 8).
+            self.get_options["timeout"] = session_timeout(
+                supplier.connect_timeout, supplier.read_timeout, settings.budget
+            )
 
     def url_for(self, request: QuoteRequest) -> URL:
         """The supplier's URL for ``request``'s SKU and scenario, built once and reused.
@@ -153,6 +183,17 @@ class _SupplierState:
         return url
 
 
+def session_timeout(connect: float, read: float, budget: float) -> aiohttp.ClientTimeout:
+    """Socket timeouts of one attempt; no ``total``, which can eat the deadline's cancellation."""
+    return aiohttp.ClientTimeout(
+        total=None,
+        sock_connect=connect,
+        # A read timeout at or past the budget can never fire before the
+        # deadline does: then no timer, instead of one re-armed per read.
+        sock_read=read if read < budget else None,
+    )
+
+
 class SupplierClient:
     """Asks suppliers for quotes through one shared session and outbound limit.
 
@@ -168,33 +209,57 @@ class SupplierClient:
         self,
         session: aiohttp.ClientSession,
         settings: Settings,
+        catalogue: Catalogue,
         *,
         slots: OutboundLimiter | None = None,
         retry_budgets: Mapping[str, RetryLimiter] | None = None,
         keep_cache_control: bool = False,
     ) -> None:
         self._session = session
+        self._settings = settings
         self._keep_cache_control = keep_cache_control
         """Carry each 200 answer's ``Cache-Control`` out on its quote, for the quote cache."""
         if slots is None:
-            slots = OutboundSlots(settings.outbound_limit, settings.supplier_share, SUPPLIERS)
+            slots = OutboundSlots(settings.outbound_limit, catalogue.shares())
         self._slots = slots
-        budgets = (
-            retry_budgets
-            if retry_budgets is not None
-            else {
-                supplier: RetryBudget(settings.retry_budget_capacity, settings.retry_budget_earn)
-                for supplier in SUPPLIERS
-            }
-        )
-        self._suppliers = {
-            supplier: _SupplierState(supplier, settings, budgets[supplier])
-            for supplier in SUPPLIERS
-        }
+        self._suppliers: dict[str, _SupplierState] = {}
+        self.use(catalogue, retry_budgets)
         self._attempts = settings.attempts
         self._backoff = (settings.backoff_min, settings.backoff_max)
         self._retry_after_cap = settings.retry_after_cap
         self._max_body = settings.max_supplier_body_bytes
+
+    def use(
+        self, catalogue: Catalogue, retry_budgets: Mapping[str, RetryLimiter] | None = None
+    ) -> None:
+        """Ask ``catalogue``'s suppliers from now on (a reload); calls in flight keep theirs.
+
+        A supplier that stays keeps its retry budget (unless ``retry_budgets``
+        brings one, or its capacity changed) and its learned attempt times.
+        One that is gone stays reachable under its old entry until ``forget``:
+        a request that started before the reload may still ask it.
+        """
+        settings = self._settings
+        states = dict(self._suppliers)
+        for supplier in catalogue.suppliers:
+            old = states.get(supplier.name)
+            if retry_budgets is not None:
+                budget = retry_budgets[supplier.name]
+            elif (
+                old is not None and old.spec.retry_budget_capacity == supplier.retry_budget_capacity
+            ):
+                budget = old.retry_budget
+            else:
+                budget = RetryBudget(supplier.retry_budget_capacity, settings.retry_budget_earn)
+            attempt_time = None if old is None else old.attempt_time
+            states[supplier.name] = _SupplierState(supplier, settings, budget, attempt_time)
+        self._suppliers = states  # swapped whole: no request sees half of it
+
+    def forget(self, suppliers: tuple[str, ...]) -> None:
+        """Drop suppliers an old catalogue named, once no request can still ask them."""
+        self._suppliers = {
+            name: state for name, state in self._suppliers.items() if name not in suppliers
+        }
 
     @property
     def in_flight(self) -> int:
@@ -221,7 +286,7 @@ class SupplierClient:
         call = _Call(state.url_for(request), request, request_id, deadline)
         state.retry_budget.first_attempt()
         for attempt in range(1, self._attempts + 1):
-            result = await self._attempt(call, trace, attempt)  # slot taken and given back
+            result = await self._attempt(state, call, trace, attempt)  # slot taken and given back
             if attempt > 1 and result.quote is not None:
                 state.retry_budget.paid_off()
             if result.quote is not None:
@@ -260,11 +325,12 @@ class SupplierClient:
             return backoff, STOPPED_RETRY_BUDGET
         return backoff, None
 
-    async def _attempt(self, call: _Call, trace: SupplierTrace, attempt: int) -> _AttemptResult:
+    async def _attempt(
+        self, state: _SupplierState, call: _Call, trace: SupplierTrace, attempt: int
+    ) -> _AttemptResult:
         """One attempt: wait for a slot, fetch, give the slot back, then decode."""
         waiting_since = time.monotonic()
         started: float | None = None
-        state = self._suppliers[trace.supplier]
         try:
             # One wait for both the shared slot and room in the supplier's share.
             await self._slots.acquire(trace.supplier)
@@ -276,7 +342,9 @@ class SupplierClient:
                     # Measured once the slot is ours: the wait is not the supplier's time.
                     "X-Deadline-Remaining-Ms": str(max(0, int((call.deadline - started) * 1000))),
                 }
-                fetched = await self._fetch(call, headers)
+                if state.headers:
+                    headers.update(state.headers)  # the catalogue's (never QuoteFlow's own)
+                fetched = await self._fetch(state, call, headers)
             finally:
                 self._slots.release(trace.supplier)
         except asyncio.CancelledError:
@@ -292,10 +360,10 @@ class SupplierClient:
         if isinstance(fetched, bytes) or fetched.status is not None:
             state.attempt_time.observe(ended - started)  # it answered: a useful attempt's length
         if isinstance(fetched, bytes):
-            fetched = self._decode(fetched, trace.supplier, call.request.sku)
+            fetched = self._decode(state, fetched, trace.supplier, call.request.sku)
         elif isinstance(fetched, _Answer):
             fetched = self._decode(
-                fetched.body, trace.supplier, call.request.sku, fetched.cache_control
+                state, fetched.body, trace.supplier, call.request.sku, fetched.cache_control
             )
         outcome = OK if fetched.quote is not None else fetched.code
         trace.attempts.append(
@@ -304,12 +372,12 @@ class SupplierClient:
         return fetched
 
     async def _fetch(
-        self, call: _Call, headers: Mapping[str, str]
+        self, state: _SupplierState, call: _Call, headers: Mapping[str, str]
     ) -> bytes | _Answer | _AttemptResult:
         """The body of a 200 answer, or the classified failure; the response is always released."""
         try:
             async with self._session.get(
-                call.url, headers=headers, allow_redirects=False
+                call.url, headers=headers, **state.get_options
             ) as response:
                 if response.status != 200:
                     retryable = response.status == 503
@@ -347,10 +415,17 @@ class SupplierClient:
 
     @staticmethod
     def _decode(
-        body: bytes, supplier: str, sku: str, cache_control: str | None = None
+        state: _SupplierState,
+        body: bytes,
+        supplier: str,
+        sku: str,
+        cache_control: str | None = None,
     ) -> _AttemptResult:
         try:
-            quote = decode_supplier_quote(body, supplier=supplier, sku=sku)
+            if state.adapter is None:
+                quote = decode_supplier_quote(body, supplier=supplier, sku=sku)
+            else:
+                quote = _adapted(state.adapter, body, supplier, sku)
         except InvalidSupplierData:
             return _AttemptResult(None, INVALID_DATA, status=200)
         if cache_control is not None:
@@ -371,3 +446,32 @@ class SupplierClient:
             if len(body) > self._max_body:
                 raise InvalidSupplierData(f"body is over the cap of {self._max_body} bytes")
         return bytes(body)
+
+
+def _adapted(adapter: Adapter, body: bytes, supplier: str, sku: str) -> SupplierQuote:
+    """A foreign body through the catalogue's adapter, then the same strict checks as any.
+
+    Whatever goes wrong in the adapter is the supplier's data being unusable:
+    ``invalid_data``, logged with the supplier and the exception's class only
+    (its message might quote the body).
+    """
+    payload = decode_supplier_json(body)
+    try:
+        mapped: object = adapter(payload)  # foreign code: its type hint is a hope
+    except Exception as exc:  # any failure of foreign code is bad data
+        log_event(
+            log,
+            logging.WARNING,
+            "adapter_failed",
+            {"supplier": supplier, "error": type(exc).__name__},
+        )
+        raise InvalidSupplierData(f"adapter raised {type(exc).__name__}") from None
+    if not isinstance(mapped, Mapping):
+        log_event(
+            log,
+            logging.WARNING,
+            "adapter_failed",
+            {"supplier": supplier, "error": f"returned {type(mapped).__name__}"},
+        )
+        raise InvalidSupplierData("adapter returned no mapping")
+    return supplier_quote_from(dict(mapped), supplier=supplier, sku=sku)

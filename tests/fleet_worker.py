@@ -16,7 +16,9 @@ from quoteflow.fleet import Coordinator
 
 async def hold(url: str, supplier: str, count: int) -> None:
     """Join the fleet, take ``count`` slots of ``supplier`` and never give them back."""
-    coordinator = Coordinator(Settings(redis_url=url, redis_timeout=0.2))
+    coordinator = Coordinator(
+        Settings(redis_url=url, redis_timeout=0.2), suppliers=("atlas", "boreal", "cedar")
+    )
     await coordinator.start()
     for _ in range(count):
         await coordinator.slots.acquire(supplier)

@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from quoteflow.config import SUPPLIERS, Settings
+from quoteflow.catalogue import LAB_SUPPLIERS as SUPPLIERS
+from quoteflow.config import Settings
 from quoteflow.fleet import (
     HEARTBEAT,
     LEASE_TRUST,
@@ -67,7 +68,9 @@ async def workers(
     redis: RedisServer, count: int = 2, **overrides: Any
 ) -> AsyncIterator[list[Coordinator]]:
     """``count`` workers that have joined the fleet; closed (with a goodbye) afterwards."""
-    started = [Coordinator(fleet_settings(redis, **overrides)) for _ in range(count)]
+    started = [
+        Coordinator(fleet_settings(redis, **overrides), suppliers=SUPPLIERS) for _ in range(count)
+    ]
     try:
         for coordinator in started:
             await coordinator.start()

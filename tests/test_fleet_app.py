@@ -15,7 +15,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from quoteflow.app import COORDINATOR
-from quoteflow.config import SUPPLIERS
+from quoteflow.catalogue import LAB_SUPPLIERS as SUPPLIERS
 from tests.conftest import StartQuoteFlow
 from tests.fakes import FakeSuppliers, delay, first_time_per_request_id, status
 from tests.process import free_port
@@ -146,7 +146,11 @@ async def test_redis_down_and_back_under_load(
     await asyncio.gather(*load)
 
     assert {status for status, _ in seen} == {200}
-    assert max(elapsed for _, elapsed in seen) <= budget + 0.1
+    # On their own, the workers first keep within their leases (others may
+    # still use theirs): an attempt for a supplier a worker held no lease of
+    # waits for the deadline, and an answer at the deadline comes as late as
+    # the loaded loop is — the margin the gunicorn fleet tests allow.
+    assert max(elapsed for _, elapsed in seen) <= budget + 0.25
     assert suppliers.max_in_flight <= 6  # fleet-wide again
     assert max(suppliers.max_in_flight_of.values()) <= 4
     down = events(caplog, "coordination_down")

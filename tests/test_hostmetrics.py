@@ -25,7 +25,8 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HostTeleme
     one_worker = values.MultiProcessValue(lambda: 4242)  # type: ignore[no-untyped-call]
     monkeypatch.setattr(values, "ValueClass", one_worker)
     telemetry = HostTelemetry(CollectorRegistry())
-    telemetry.watch(inbound=lambda: 3, outbound=lambda: 5, retry_tokens=lambda s: 20.0)
+    telemetry.watch(inbound=lambda: 3, outbound=lambda: 5)
+    telemetry.watch_suppliers(("atlas", "boreal", "cedar"), retry_tokens=lambda s: 20.0)
     yield telemetry
     values.close_all_multiprocess_files()  # type: ignore[no-untyped-call]  # untyped upstream
 

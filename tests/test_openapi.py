@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, settings
 from openapi_spec_validator import validate
 from schemathesis.checks import positive_data_acceptance
 
+from quoteflow.apidoc import openapi_document
 from quoteflow.app import create_app
 from quoteflow.auth import ApiKeys
 from quoteflow.config import Settings
@@ -97,3 +98,14 @@ def test_live_app_conforms(case: schemathesis.Case[Any], live: tuple[str, dict[s
 
 def _float_quantity(body: object) -> bool:
     return isinstance(body, dict) and isinstance(body.get("quantity"), float)
+
+
+def test_a_catalogues_document_is_valid_and_names_its_suppliers() -> None:
+    """With another catalogue the document still validates and names its suppliers, in order."""
+    doc = json.loads(openapi_document(("north", "south")))
+    validate(doc)
+    assert doc["components"]["schemas"]["Supplier"]["enum"] == ["north", "south"]
+    assert "2 suppliers (north, south)" in doc["info"]["description"]
+    assert "atlas" not in json.dumps(doc)
+    kept = resources.files("quoteflow").joinpath("openapi.json").read_bytes()
+    assert openapi_document(("atlas", "boreal", "cedar")) == kept  # byte for byte

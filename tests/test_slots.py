@@ -17,7 +17,7 @@ async def settle() -> None:
 
 
 async def test_the_limit_and_each_share_hold() -> None:
-    slots = OutboundSlots(limit=3, share=2, suppliers=SUPPLIERS)
+    slots = OutboundSlots(3, dict.fromkeys(SUPPLIERS, 2))
     await slots.acquire("boreal")
     await slots.acquire("boreal")
     third_boreal = asyncio.create_task(slots.acquire("boreal"))
@@ -40,7 +40,7 @@ async def test_the_limit_and_each_share_hold() -> None:
 
 
 async def test_waiters_are_served_first_come_first_served() -> None:
-    slots = OutboundSlots(limit=1, share=1, suppliers=SUPPLIERS)
+    slots = OutboundSlots(1, dict.fromkeys(SUPPLIERS, 1))
     await slots.acquire("atlas")
     order: list[str] = []
 
@@ -58,7 +58,7 @@ async def test_waiters_are_served_first_come_first_served() -> None:
 
 
 async def test_a_waiter_cancelled_leaves_the_queue_and_takes_nothing() -> None:
-    slots = OutboundSlots(limit=1, share=1, suppliers=SUPPLIERS)
+    slots = OutboundSlots(1, dict.fromkeys(SUPPLIERS, 1))
     await slots.acquire("atlas")
     cancelled = asyncio.create_task(slots.acquire("boreal"))
     later = asyncio.create_task(slots.acquire("cedar"))
@@ -72,7 +72,7 @@ async def test_a_waiter_cancelled_leaves_the_queue_and_takes_nothing() -> None:
 
 
 async def test_a_slot_handed_to_a_waiter_cancelled_at_once_is_given_back() -> None:
-    slots = OutboundSlots(limit=1, share=1, suppliers=SUPPLIERS)
+    slots = OutboundSlots(1, dict.fromkeys(SUPPLIERS, 1))
     await slots.acquire("atlas")
     unlucky = asyncio.create_task(slots.acquire("boreal"))
     await settle()
@@ -83,3 +83,39 @@ async def test_a_slot_handed_to_a_waiter_cancelled_at_once_is_given_back() -> No
     assert slots.in_use == 0
     assert slots.held("boreal") == 0
     await asyncio.wait_for(slots.acquire("cedar"), 1)  # the slot is really free
+
+
+async def test_each_supplier_has_its_own_share() -> None:
+    """Shares come per supplier: one with a share of 1 waits while another takes a second slot."""
+    slots = OutboundSlots(4, {"narrow": 1, "wide": 3})
+    await slots.acquire("narrow")
+    second_narrow = asyncio.create_task(slots.acquire("narrow"))
+    await slots.acquire("wide")
+    await slots.acquire("wide")
+    await settle()
+    assert not second_narrow.done()
+    assert (slots.held("narrow"), slots.held("wide"), slots.share("narrow")) == (1, 2, 1)
+    slots.release("narrow")
+    await settle()
+    assert second_narrow.done()
+
+
+async def test_a_new_catalogue_keeps_what_stays_and_drains_what_goes() -> None:
+    """retarget: a larger share lets a waiter in at once; forget drops a removed, idle supplier."""
+    slots = OutboundSlots(3, {"stays": 1, "goes": 1})
+    await slots.acquire("stays")
+    await slots.acquire("goes")
+    waiting = asyncio.create_task(slots.acquire("stays"))
+    await settle()
+    assert not waiting.done()
+    slots.retarget({"stays": 2, "new": 1})
+    await settle()
+    assert waiting.done()  # its share grew: no release needed
+    assert slots.held("goes") == 1  # a removed supplier's attempt still holds its slot
+    slots.forget(["goes"])
+    assert slots.held("goes") == 1  # busy: not forgotten yet
+    slots.release("goes")
+    slots.forget(["goes"])
+    with pytest.raises(KeyError):
+        slots.held("goes")
+    assert (slots.held("stays"), slots.held("new"), slots.in_use) == (2, 0, 2)

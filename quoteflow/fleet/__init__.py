@@ -101,7 +101,8 @@ whole limit: the workers together stay within it however many lose Redis at
 once. Its waiters are re-checked against that at once. For ``LEASE_TRUST``
 and a budget after going down it keeps within its own leases too, since the
 others may still be starting attempts on theirs (``FleetSlots.go_local``).
-It tries a sync every ``RECONNECT`` seconds; the first that succeeds reports
+It tries a sync ``RETRY_SOON`` later, then every ``RECONNECT`` seconds (a
+worker back within ``TTL`` keeps its record); the first that succeeds reports
 what it holds right now and brings the leases back (``coordination_up``) —
 asking, for a while, for no more than the safe share, since the others may
 still be on their own and Redis has lost their records
@@ -155,6 +156,7 @@ from quoteflow.fleet.timing import (
     POLL,
     QUIET,
     RECONNECT,
+    RETRY_SOON,
     TTL,
     WANT_FRESH,
 )
@@ -174,6 +176,7 @@ __all__ = [
     "POLL",
     "QUIET",
     "RECONNECT",
+    "RETRY_SOON",
     "SCRIPT",
     "TTL",
     "WANT_FRESH",

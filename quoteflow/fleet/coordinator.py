@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Final
 
-from quoteflow.config import SUPPLIERS, Settings
+from quoteflow.config import Settings
 from quoteflow.fleet.budget import FleetRetryBudget
 from quoteflow.fleet.deadline import LoopFairTimeout
 from quoteflow.fleet.leases import LOCAL, FleetSlots
@@ -24,6 +24,7 @@ from quoteflow.fleet.timing import (
     POLL,
     QUIET,
     RECONNECT,
+    RETRY_SOON,
     TTL,
     WANT_FRESH,
 )
@@ -51,9 +52,13 @@ class Coordinator:
         self,
         settings: Settings,
         *,
-        suppliers: Iterable[str] = SUPPLIERS,
+        suppliers: Iterable[str],
+        share: int | None = None,
+        retry_budget_capacity: float | None = None,
         worker_id: str | None = None,
     ) -> None:
+        """``suppliers``: the catalogue's names; ``share`` and ``retry_budget_capacity``, one
+        for them all (fleet mode keeps a single value of each), default to the settings'."""
         if settings.redis_url is None:
             raise ValueError("fleet mode needs a redis_url")
         self.worker_id = worker_id or uuid.uuid4().hex
@@ -63,13 +68,23 @@ class Coordinator:
         self._keys = [f"{prefix}:workers", f"{prefix}:state", f"{prefix}:tokens", f"{prefix}:epoch"]
         self.channel = f"{prefix}:freed"
         self._suppliers = tuple(suppliers)
+        if share is None:
+            share = settings.supplier_share or max(
+                1, settings.outbound_limit - (len(self._suppliers) - 1)
+            )
+        self.share = share
+        self.retry_budget_capacity = (
+            settings.retry_budget_capacity
+            if retry_budget_capacity is None
+            else retry_budget_capacity
+        )
         self._first_limit = FIRST_SYNC_TRIPS * settings.redis_timeout
         """The time limit of a sync while not up (joining, or coming back)."""
         self._call_most = self._first_limit + LATE_LOOP_MOST
         """The longest one sync may take: its time limit, and what a busy loop may add."""
         self.slots = FleetSlots(
             settings.outbound_limit,
-            settings.supplier_share,
+            share,
             self._suppliers,
             need_sync=self.request_sync,
             lapsed=self._lapsed,
@@ -81,7 +96,7 @@ class Coordinator:
         )
         self.budgets = {
             supplier: FleetRetryBudget(
-                settings.retry_budget_capacity,
+                self.retry_budget_capacity,
                 settings.retry_budget_earn,
                 burst=settings.inbound_limit,
                 need_sync=self.request_sync,
@@ -237,12 +252,12 @@ class Coordinator:
             self.worker_id,
             round(TTL * 1000),
             self.settings.outbound_limit,
-            self.settings.supplier_share,
+            self.share,
             round(WANT_FRESH * 1000),
             round(QUIET * 1000),
             int(self.joined),
             int(leaving),
-            f"{self.settings.retry_budget_capacity:.6f}",
+            f"{self.retry_budget_capacity:.6f}",
             self.channel,
             n,
             # At most one "wanted" per poll: starved workers must not wake
@@ -297,7 +312,12 @@ class Coordinator:
         """A sync failed: the safe share at once, one warning, and a retry every ``RECONNECT``."""
         if self._closing:
             return
+        retry = RECONNECT
         if self.slots.mode != LOCAL:
+            # The first retry comes soon: after one slow call, a worker that
+            # reports again within TTL keeps its record, and what it uses on
+            # its own stays counted in Redis, so nobody is granted it.
+            retry = RETRY_SOON
             self.up = False
             self._down_since = self._loop.time()
             self.slots.go_local()
@@ -318,7 +338,7 @@ class Coordinator:
                     "outbound_limit": self.settings.outbound_limit,
                 },
             )
-        self._set_due(self._loop.time() + RECONNECT)
+        self._set_due(self._loop.time() + retry)
 
     def _lapsed(self) -> None:
         self._lost("lease not renewed in time")

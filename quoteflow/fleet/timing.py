@@ -35,6 +35,8 @@ IDLE_SLACK: Final = 0.005
 """How much sooner than ``LINGER`` an idle slot may be found old enough (two clocks, ms ticks)."""
 RECONNECT: Final = 0.5
 """Seconds between tries while Redis is out of reach."""
+RETRY_SOON: Final = 0.1
+"""Seconds before the first try after a sync failed: one slow call is often just that."""
 LISTEN_WAKE: Final = 0.25
 """Longest wait of the listener's read; it then checks whether it should stop."""
 WANT_FRESH: Final = 3 * POLL

@@ -1,0 +1,377 @@
+"""The supplier catalogue: which suppliers QuoteFlow asks, where, and with which settings.
+
+The catalogue is data: a frozen ``Catalogue`` of frozen ``Supplier`` entries,
+made once by the composition root and handed down (``app.create_app``); a
+reload builds a new one and swaps it whole. Nothing below the app reads a
+global list of suppliers.
+
+Without a file it is ``default_catalogue``: the three lab suppliers behind
+``--provider-url`` with the global settings, exactly as QuoteFlow always was.
+With ``--suppliers FILE`` it is ``load``'s reading of a TOML file::
+
+    [[supplier]]
+    name = "atlas"                                # 1-32 of [a-z0-9_-], unique
+    url = "https://atlas.example/v1/quote"        # GET {url}?sku=...&scenario=...
+    share = 2                                     # each of these defaults to the
+    connect_timeout = 0.25                        # global setting of that name
+    read_timeout = 1.0
+    breaker_failures = 5
+    retry_budget_capacity = 20
+    headers = { Authorization = "Bearer ${ATLAS_TOKEN}" }   # ${VAR}: from the environment
+    adapter = "mypackage.adapters:atlas"          # foreign JSON → the supplier protocol
+
+Every check fails with one ``CatalogueError`` naming the file, the supplier
+and the field. Header values are secrets: they are never part of a message,
+a ``repr`` or ``public()``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+import tomllib
+from collections.abc import Mapping
+from typing import Any, NoReturn, Protocol
+
+import attrs
+from yarl import URL
+
+from quoteflow.config import Settings
+
+MAX_SUPPLIERS = 32
+"""Most suppliers one catalogue may name."""
+
+NAME = re.compile(r"[a-z0-9_-]{1,32}")
+"""What a supplier's name may be: it is a metric label, a log field and a JSON key."""
+
+LAB_SUPPLIERS: tuple[str, ...] = ("atlas", "boreal", "cedar")
+"""The suppliers of the default catalogue, in the order failures are listed."""
+
+RESERVED_HEADERS = frozenset(
+    {
+        "x-request-id",
+        "x-attempt",
+        "x-deadline-remaining-ms",
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+    }
+)
+"""Headers QuoteFlow (or HTTP itself) sets on every attempt: a catalogue cannot override them."""
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")
+"""An HTTP token (RFC 9110 section 5.6.2)."""
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_FORBIDDEN_IN_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+"""Control characters (tab aside): a header value with CR or LF would split the request."""
+
+_OPTIONAL = (
+    "share",
+    "connect_timeout",
+    "read_timeout",
+    "breaker_failures",
+    "retry_budget_capacity",
+    "headers",
+    "adapter",
+)
+_KEYS = ("name", "url", *_OPTIONAL)
+
+
+class CatalogueError(ValueError):
+    """A catalogue file QuoteFlow cannot serve from; the text is one line for the operator."""
+
+
+class Adapter(Protocol):
+    """Turns one supplier's decoded JSON into the supplier protocol's five fields.
+
+    Takes whatever ``json.loads`` made of a 200 body and returns a mapping of
+    ``supplier``, ``sku``, ``unit_cents``, ``shipping_cents`` and ``stock``.
+    What it returns passes the same strict checks as any supplier's body;
+    raising, or returning anything else, makes the answer ``invalid_data``.
+    """
+
+    def __call__(self, payload: Any, /) -> Mapping[str, Any]: ...
+
+
+@attrs.frozen(kw_only=True)
+class Supplier:
+    """One supplier as QuoteFlow asks it."""
+
+    name: str
+    url: str
+    """The quote endpoint; every attempt is ``GET {url}?sku=...&scenario=...``."""
+    share: int
+    """Outbound slots this supplier may hold at once."""
+    connect_timeout: float
+    read_timeout: float
+    breaker_failures: int
+    """Failures in a row that open its circuit; 0: no breaker for it."""
+    retry_budget_capacity: float
+    headers: tuple[tuple[str, str], ...] = attrs.field(default=(), repr=False)
+    """Sent on every attempt, ``${VAR}`` already resolved: secrets, never shown."""
+    adapter: Adapter | None = attrs.field(default=None, repr=False, eq=False)
+    adapter_name: str | None = None
+    """``package.module:function`` of ``adapter``, as the file names it."""
+
+    def public(self) -> dict[str, object]:
+        """What a log line or the ``starting`` event may show: header names, never values."""
+        return {
+            "name": self.name,
+            "url": self.url,
+            "share": self.share,
+            "connect_timeout": self.connect_timeout,
+            "read_timeout": self.read_timeout,
+            "breaker_failures": self.breaker_failures,
+            "retry_budget_capacity": self.retry_budget_capacity,
+            "headers": [name for name, _ in self.headers],
+            "adapter": self.adapter_name,
+        }
+
+
+@attrs.frozen
+class Catalogue:
+    """Every supplier QuoteFlow asks, in the order failures are listed."""
+
+    suppliers: tuple[Supplier, ...]
+    path: str | None = None
+    """The file it was read from; ``None`` for the default catalogue."""
+    names: tuple[str, ...] = attrs.field(init=False)
+
+    @names.default
+    def _names(self) -> tuple[str, ...]:
+        return tuple(supplier.name for supplier in self.suppliers)
+
+    def __len__(self) -> int:
+        return len(self.suppliers)
+
+    def shares(self) -> dict[str, int]:
+        """Each supplier's share of the outbound slots."""
+        return {supplier.name: supplier.share for supplier in self.suppliers}
+
+    def public(self) -> list[dict[str, object]]:
+        """The suppliers as a log line may show them (``Supplier.public``)."""
+        return [supplier.public() for supplier in self.suppliers]
+
+
+def default_share(settings: Settings, count: int) -> int:
+    """A supplier's share unless set: ``--supplier-share``, else all but one slot per other one."""
+    if settings.supplier_share is not None:
+        return settings.supplier_share
+    return max(1, settings.outbound_limit - (count - 1))
+
+
+def default_catalogue(settings: Settings) -> Catalogue:
+    """The three lab suppliers under ``provider_url``, with the global settings."""
+    base = URL(settings.provider_url) / "quotes"
+    share = default_share(settings, len(LAB_SUPPLIERS))
+    return Catalogue(
+        tuple(
+            Supplier(
+                name=name,
+                url=str(base / name),
+                share=share,
+                connect_timeout=settings.connect_timeout,
+                read_timeout=settings.read_timeout,
+                breaker_failures=settings.breaker_failures,
+                retry_budget_capacity=settings.retry_budget_capacity,
+            )
+            for name in LAB_SUPPLIERS
+        )
+    )
+
+
+def load(path: str, settings: Settings, environ: Mapping[str, str]) -> Catalogue:
+    """Read and check the catalogue file at ``path``; ``CatalogueError`` names what is wrong."""
+    try:
+        with open(path, "rb") as file:
+            document = tomllib.load(file)
+    except OSError as exc:
+        raise CatalogueError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        # tomllib's message ends with "(at line N, column M)".
+        raise CatalogueError(f"{path}: not TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise CatalogueError(f"{path}: not TOML: not UTF-8") from None
+    return parse(document, settings, environ, path=path)
+
+
+def parse(
+    document: Mapping[str, Any],
+    settings: Settings,
+    environ: Mapping[str, str],
+    *,
+    path: str = "<catalogue>",
+) -> Catalogue:
+    """Check a decoded catalogue document and build the ``Catalogue`` it describes."""
+    unknown = sorted(set(document) - {"supplier"})
+    if unknown:
+        raise CatalogueError(f"{path}: unknown key {unknown[0]!r} (only [[supplier]] tables)")
+    tables = document.get("supplier")
+    if not isinstance(tables, list) or not tables:
+        raise CatalogueError(f"{path}: no [[supplier]] table")
+    if len(tables) > MAX_SUPPLIERS:
+        raise CatalogueError(
+            f"{path}: {len(tables)} suppliers, at most {MAX_SUPPLIERS} are allowed"
+        )
+    share = default_share(settings, len(tables))
+    suppliers: list[Supplier] = []
+    seen: set[str] = set()
+    for index, table in enumerate(tables, start=1):
+        reader = _Reader(path, index, table)
+        supplier = reader.supplier(settings, environ, share)
+        if supplier.name in seen:
+            raise CatalogueError(f"{path}: supplier {supplier.name!r}: name: used twice")
+        seen.add(supplier.name)
+        suppliers.append(supplier)
+    return Catalogue(tuple(suppliers), path=path)
+
+
+class _Reader:
+    """Reads one ``[[supplier]]`` table, naming it in every error."""
+
+    def __init__(self, path: str, index: int, table: object) -> None:
+        self.path = path
+        self.where = f"supplier #{index}"
+        if not isinstance(table, dict):
+            self.fail("not a table")
+        self.table: dict[str, Any] = table
+
+    def fail(self, problem: str, field: str | None = None) -> NoReturn:
+        at = f"{self.where}: {field}" if field else self.where
+        raise CatalogueError(f"{self.path}: {at}: {problem}")
+
+    def supplier(self, settings: Settings, environ: Mapping[str, str], share: int) -> Supplier:
+        table = self.table
+        name = table.get("name")
+        if name is None:
+            self.fail("missing", "name")
+        if type(name) is not str or not NAME.fullmatch(name):
+            self.fail("must be 1-32 characters of a-z, 0-9, _ and -", "name")
+        self.where = f"supplier {name!r}"
+        unknown = sorted(set(table) - set(_KEYS))
+        if unknown:
+            self.fail(f"unknown key (known: {', '.join(_KEYS)})", unknown[0])
+        if "url" not in table:
+            self.fail("missing", "url")
+        adapter_name = self.text("adapter") if "adapter" in table else None
+        return Supplier(
+            name=name,
+            url=self.url(table["url"]),
+            share=self.share(table.get("share", share), settings.outbound_limit),
+            connect_timeout=self.duration("connect_timeout", settings.connect_timeout),
+            read_timeout=self.duration("read_timeout", settings.read_timeout),
+            breaker_failures=self.integer("breaker_failures", settings.breaker_failures, 0, 1000),
+            retry_budget_capacity=self.number(
+                "retry_budget_capacity", settings.retry_budget_capacity, at_least=1
+            ),
+            headers=self.headers(table.get("headers", {}), environ),
+            adapter=None if adapter_name is None else self.adapter(adapter_name),
+            adapter_name=adapter_name,
+        )
+
+    def text(self, field: str) -> str:
+        value = self.table[field]
+        if type(value) is not str:
+            self.fail("must be a string", field)
+        return value
+
+    def url(self, value: object) -> str:
+        if type(value) is not str:
+            self.fail("must be a string", "url")
+        try:
+            url = URL(value)
+            url.port  # noqa: B018 -- parsing the port is the check
+        except ValueError:
+            self.fail("not a URL", "url")
+        if url.scheme not in ("http", "https") or not url.host:
+            self.fail("must be an http:// or https:// URL with a host", "url")
+        if url.user is not None or url.password is not None:
+            self.fail("must not carry credentials (send them in headers)", "url")
+        if url.query_string or url.fragment:
+            self.fail("must not have a query or fragment (QuoteFlow sets ?sku=&scenario=)", "url")
+        return value
+
+    def share(self, value: object, limit: int) -> int:
+        if type(value) is not int or value < 1:
+            self.fail("must be an integer of at least 1", "share")
+        if value > limit:
+            self.fail(f"{value} is above the outbound limit ({limit})", "share")
+        return value
+
+    def duration(self, field: str, default: float) -> float:
+        """Seconds, as the global timeouts allow them: above 0, at most an hour."""
+        value = self.number(field, default)
+        if not 0 < value <= 3600:
+            self.fail("must be more than 0 and at most 3600 s", field)
+        return value
+
+    def number(self, field: str, default: float, *, at_least: float | None = None) -> float:
+        """An integer or a float (never a boolean or a string), finite."""
+        value = self.table.get(field, default)
+        if type(value) not in (int, float) or not math.isfinite(value):
+            self.fail("must be a number", field)
+        if at_least is not None and value < at_least:
+            self.fail(f"must be at least {at_least}", field)
+        return float(value)
+
+    def integer(self, field: str, default: int, low: int, high: int) -> int:
+        value = self.table.get(field, default)
+        if type(value) is not int or not low <= value <= high:
+            self.fail(f"must be an integer from {low} to {high}", field)
+        return value
+
+    def headers(self, value: object, environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+        if not isinstance(value, dict):
+            self.fail("must be a table of header name = value", "headers")
+        found: list[tuple[str, str]] = []
+        seen: set[str] = set()
+        for header, raw in value.items():
+            field = f"headers.{header}"
+            if not _HEADER_NAME.fullmatch(header):
+                self.fail("not a valid header name", "headers")
+            if header.lower() in RESERVED_HEADERS:
+                self.fail("set by QuoteFlow on every attempt", field)
+            if header.lower() in seen:
+                self.fail("named twice (header names ignore case)", field)
+            seen.add(header.lower())
+            if type(raw) is not str:
+                self.fail("must be a string", field)
+            resolved = self.resolve(raw, environ, field)
+            if _FORBIDDEN_IN_VALUE.search(resolved):
+                # Never the value itself: it is a credential.
+                self.fail("contains a control character", field)
+            found.append((header, resolved))
+        return tuple(found)
+
+    def resolve(self, raw: str, environ: Mapping[str, str], field: str) -> str:
+        """``raw`` with each ``${NAME}`` replaced by that environment variable."""
+
+        def variable(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in environ:
+                self.fail(f"environment variable {name} is not set", field)
+            return environ[name]
+
+        return _VARIABLE.sub(variable, raw)
+
+    def adapter(self, target: str) -> Adapter:
+        module_name, sep, attribute = target.partition(":")
+        if not sep or not module_name or not attribute:
+            self.fail("must be 'package.module:function'", "adapter")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            self.fail(f"module {module_name!r} cannot be imported", "adapter")
+        except Exception as exc:  # a broken module, reported by its class only
+            self.fail(f"module {module_name!r} failed to import ({type(exc).__name__})", "adapter")
+        found: object = module
+        for part in attribute.split("."):
+            found = getattr(found, part, None)
+            if found is None:
+                self.fail(f"{module_name!r} has no {attribute!r}", "adapter")
+        if not callable(found):
+            self.fail(f"{target!r} is not callable", "adapter")
+        adapter: Adapter = found
+        return adapter
