@@ -141,11 +141,12 @@ def start(
 ) -> Service:
     """Start ``argv`` and wait until ``GET ready_path`` answers 200.
 
-    ``QUOTEFLOW_*`` variables of the caller's environment are left out: the
-    benchmark sets QuoteFlow's configuration with flags, and only with flags
-    — or, for gunicorn, which has no QuoteFlow flags, with ``env``.
+    ``QUOTEFLOW_*`` and ``OTEL_*`` variables of the caller's environment are
+    left out: the benchmark sets QuoteFlow's configuration with flags, and
+    only with flags — or, for gunicorn, which has no QuoteFlow flags, and for
+    tracing, configured by ``OTEL_*`` variables, with ``env``.
     """
-    inherited = {k: v for k, v in os.environ.items() if not k.startswith("QUOTEFLOW_")}
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("QUOTEFLOW_", "OTEL_"))}
     env = {**inherited, **(env or {})}
     log_path = log_dir / f"{name}.log"
     with open(log_path, "wb") as log:

@@ -10,10 +10,12 @@ request must still get all three quotes from both. Then the hot section
 (``bench/hot.py``, issue 21): four QuoteFlow processes — neither, coalescing,
 the quote cache, both — under many callers asking for a few popular SKUs. Then
 the abuse section (``bench/connections.py``, issue 18): normal callers' goodput
-while an attacker hoards 3,000 idle and 100 dribbling connections. Last, the
+while an attacker hoards 3,000 idle and 100 dribbling connections. Then the
 fleet section (``bench/fleet.py``, issue 12): QuoteFlow under gunicorn with 2
 workers and Redis against the single process, CPU per answered request and
-Redis commands per request.
+Redis commands per request. Last, the tracing section (``bench/tracing.py``,
+issue 22): CPU per answered request with OpenTelemetry off, and on at 1 % and
+100 %.
 
 Output: a table with each target of issue 5 marked met or not met,
 ``bench/results/latest.json`` and PNG plots beside it.
@@ -40,7 +42,7 @@ from typing import Any
 
 import attrs
 
-from bench import catalogue, connections, fleet, hot, report
+from bench import catalogue, connections, fleet, hot, report, tracing
 from bench.procs import (
     BenchError,
     Service,
@@ -114,7 +116,13 @@ def parse_options(argv: Sequence[str]) -> Options:
     if duration < 1 or rounds < 1:
         parser.error("--duration must be at least 1 and --rounds at least 1")
     only = tuple(name for name in args.only.split(",") if name)
-    known = [w.name for w in all_workloads(Limits(), 1)] + ["hot", "fleet", "abuse", "catalogue"]
+    known = [w.name for w in all_workloads(Limits(), 1)] + [
+        "hot",
+        "fleet",
+        "abuse",
+        "catalogue",
+        "tracing",
+    ]
     if unknown := [name for name in only if name not in known]:
         parser.error(f"unknown workload {', '.join(unknown)}; choose from {', '.join(known)}")
     return Options(
@@ -582,6 +590,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["fleet"] = fleet.run_fleet(bench)
         if not options.only or "catalogue" in options.only:
             results["catalogue"] = catalogue.run_catalogue(bench)
+        if not options.only or "tracing" in options.only:
+            results["tracing"] = tracing.run_tracing(bench)
         results["explain"] = bench.explain_bills()
         if options.profile:
             results["profile"] = bench.profile()
@@ -607,6 +617,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["summary"]["targets"] += connections.targets(results["summary"]["abuse"])
     if "catalogue" in results:
         results["summary"]["catalogue"] = catalogue.summarize(results["catalogue"])
+    if "tracing" in results:
+        results["summary"]["tracing"] = tracing.summarize(results["tracing"])
+        results["summary"]["targets"] += tracing.targets(results["summary"]["tracing"])
     results["elapsed_s"] = round(time.monotonic() - began, 1)
     options.out_dir.mkdir(parents=True, exist_ok=True)
     out = options.out_dir / "latest.json"

@@ -79,7 +79,11 @@ async def quote(request: web.Request) -> web.StreamResponse:
         deadline=_deadline(headers.get("X-Deadline-Remaining-Ms")),
     )
     state.stats.started(
-        supplier, call.request_id, headers.get("X-Attempt"), headers.get("X-Deadline-Remaining-Ms")
+        supplier,
+        call.request_id,
+        headers.get("X-Attempt"),
+        headers.get("X-Deadline-Remaining-Ms"),
+        headers.get("traceparent"),
     )
     label = _Label()
     try:

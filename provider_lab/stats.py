@@ -65,9 +65,14 @@ class Stats:
         self._requests: OrderedDict[str, _RequestRecord] = OrderedDict()
 
     def started(
-        self, supplier: str, request_id: str | None, attempt: str | None, remaining: str | None
+        self,
+        supplier: str,
+        request_id: str | None,
+        attempt: str | None,
+        remaining: str | None,
+        traceparent: str | None = None,
     ) -> None:
-        """Count one supplier request now in flight."""
+        """Count one supplier request now in flight, with the headers it carried."""
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         self.total += 1
@@ -84,7 +89,13 @@ class Stats:
         record.per_supplier[supplier] += 1
         if len(record.headers) < HEADERS_PER_ID:
             record.headers.append(
-                {"supplier": supplier, "x_attempt": attempt, "x_deadline_remaining_ms": remaining}
+                {
+                    "supplier": supplier,
+                    "x_attempt": attempt,
+                    "x_deadline_remaining_ms": remaining,
+                    # W3C trace context: which of the caller's spans this request was.
+                    "traceparent": traceparent,
+                }
             )
 
     def answered(self, supplier: str, what: str) -> None:

@@ -14,6 +14,7 @@ import os
 import shlex
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, NoReturn
 
 import aiohttp
 from aiohttp import web
@@ -43,6 +44,10 @@ from quoteflow.roster import SupplierRoster
 from quoteflow.service import QuoteService, SupplierGateway
 from quoteflow.slots import OutboundLimiter, OutboundSlots
 from quoteflow.supplier import SupplierClient, session_timeout
+from quoteflow.tracing import TracingConfig, tracing_from_environ
+
+if TYPE_CHECKING:
+    from quoteflow.spans import Tracing
 
 log = logging.getLogger("quoteflow")
 
@@ -67,6 +72,7 @@ def create_app(
     environ: Mapping[str, str] = os.environ,
     gateway: GatewayFactory | None = None,
     host_metrics: bool = False,
+    tracing: TracingConfig | None = None,
 ) -> web.Application:
     """Build the QuoteFlow app; no I/O happens until it starts.
 
@@ -81,8 +87,16 @@ def create_app(
     ``host_metrics``: ``/metrics`` reports every worker of the host
     (prometheus-client's multiprocess mode, ``hostmetrics.py``); the request
     path is the same either way.
+    ``tracing``: OpenTelemetry spans (``tracing.tracing_from_environ``); None, off.
     """
     middlewares = [handlers.error_middleware]
+    tracer: Tracing | None = None
+    if tracing is not None:
+        # Imported only when on: with tracing off, OpenTelemetry is never loaded.
+        from quoteflow.spans import Tracing
+
+        tracer = Tracing(tracing)
+        middlewares.insert(0, tracer.middleware)  # outermost: it sees every answer
     if settings.api_keys is not None:
         # Without keys there is nothing to check: no layer to pass per request.
         middlewares.append(handlers.auth_middleware)
@@ -113,10 +127,14 @@ def create_app(
         app[handlers.TELEMETRY] = Telemetry(CollectorRegistry(auto_describe=True))
     app[handlers.READY] = [True]
     app.on_shutdown.append(_stop_being_ready)
+    if tracer is not None:
+        app[handlers.CURRENT_TRACE] = tracer
+        # Before the session: the last spans are flushed once every call has ended.
+        app.cleanup_ctx.append(tracer.running)
     if settings.redis_url is not None:
         # Before the session: closed after it, once no attempt holds a slot.
         app.cleanup_ctx.append(_coordination)
-    app.cleanup_ctx.append(_supplier_session(gateway))
+    app.cleanup_ctx.append(_supplier_session(gateway, tracer))
     handlers.add_routes(app)
     return app
 
@@ -170,14 +188,13 @@ async def gunicorn_app() -> web.AppRunner:
         settings = settings_from_environ(os.environ)
         catalogue = load_catalogue(settings, os.environ)
         reserve_descriptors(ConnectionLimits.of(settings), settings.outbound_limit)
+        tracing = tracing_from_environ(os.environ)
     except ConfigError as exc:
-        print(f"quoteflow: error: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(WORKER_BOOT_ERROR) from None
+        _refuse_to_boot(str(exc))
     if os.environ.get(GUNICORN_MASTER_ENV) != str(os.getppid()):
         # Without gunicorn_conf nobody prepares the shared metrics files, and
         # each worker's /metrics would silently be its own share of the host.
-        print(f"quoteflow: error: {_without_config()}", file=sys.stderr, flush=True)
-        raise SystemExit(WORKER_BOOT_ERROR)
+        _refuse_to_boot(_without_config())
     logs.configure(settings.log_level, settings.log_format, process_ids=True)
     host_metrics = metrics_dir(os.environ) is not None
     fields = loggable(settings, catalogue)
@@ -189,7 +206,19 @@ async def gunicorn_app() -> web.AppRunner:
         "starting",
         {**fields, "worker_pid": os.getpid(), "host_metrics": host_metrics},
     )
-    return DrainingRunner(create_app(settings, catalogue=catalogue, host_metrics=host_metrics))
+    return DrainingRunner(
+        create_app(settings, catalogue=catalogue, host_metrics=host_metrics, tracing=tracing)
+    )
+
+
+def _refuse_to_boot(problem: str) -> NoReturn:
+    """Print QuoteFlow's one-line error and exit with gunicorn's boot-error code.
+
+    Every worker refuses at once: the line goes out in one ``write`` so that
+    two workers' lines never interleave on the stderr they share.
+    """
+    os.write(sys.stderr.fileno(), f"quoteflow: error: {problem}\n".encode())
+    raise SystemExit(WORKER_BOOT_ERROR)
 
 
 def _without_config(argv: Sequence[str] = sys.argv) -> str:
@@ -350,6 +379,7 @@ def _coalescing(client: SupplierClient, telemetry: Telemetry) -> SupplierGateway
 
 def _supplier_session(
     gateway: GatewayFactory | None,
+    tracer: Tracing | None,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def session_ctx(app: web.Application) -> AsyncIterator[None]:
         """The app's one ``ClientSession``, open from start-up to shutdown."""
@@ -377,17 +407,23 @@ def _supplier_session(
                 roster.catalogue,
                 slots=slots,
                 retry_budgets=budgets,
+                attempts=tracer,
                 keep_cache_control=settings.cache_size > 0,
             )
             telemetry = app[handlers.TELEMETRY]
             shared, cache = _sharing(settings, client, telemetry)
+            supplier_gateway: SupplierGateway = gateway(shared) if gateway else shared
+            if tracer is not None:
+                # Outermost: a request's span for each supplier, joined or cached too.
+                supplier_gateway = tracer.gateway(supplier_gateway)
             service = QuoteService(
-                gateway(shared) if gateway else shared,
+                supplier_gateway,
                 roster.lineup(telemetry),
                 budget=settings.budget,
                 inbound_limit=settings.inbound_limit,
                 answer_reserve=settings.answer_reserve,
                 stale_quotes=cache,
+                circuit_open=None if tracer is None else tracer.circuit_open,
             )
             app[SUPPLIER_CLIENT] = client
             app[handlers.SERVICE] = service

@@ -20,6 +20,7 @@ from quoteflow.connections import ConnectionLimits, reserve_descriptors
 from quoteflow.logs import log_event
 from quoteflow.options import ConfigError, load_catalogue, loggable, parse_settings
 from quoteflow.reload import reload_all
+from quoteflow.tracing import TracingConfig, tracing_from_environ
 
 __all__ = ["ConfigError", "main", "parse_settings"]
 
@@ -32,6 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
         catalogue = load_catalogue(settings, os.environ)
         reserve_descriptors(ConnectionLimits.of(settings), settings.outbound_limit)
+        tracing = tracing_from_environ(os.environ)
     except ConfigError as exc:
         print(f"quoteflow: error: {exc}", file=sys.stderr)
         return 2
@@ -43,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("quoteflow: error: --event-loop uvloop: uvloop is not installed", file=sys.stderr)
         return 2
     try:
-        _serve(settings, catalogue, loop)
+        _serve(settings, catalogue, tracing, loop)
     except OSError as exc:  # address in use, unknown host, no permission
         where = f"{settings.host}:{settings.port}"
         print(f"quoteflow: error: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
@@ -52,16 +54,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _serve(settings: Settings, catalogue: Catalogue, loop: asyncio.AbstractEventLoop) -> None:
+def _serve(
+    settings: Settings,
+    catalogue: Catalogue,
+    tracing: TracingConfig | None,
+    loop: asyncio.AbstractEventLoop,
+) -> None:
     asyncio.set_event_loop(loop)
     try:
-        loop.run_until_complete(_run(settings, catalogue))
+        loop.run_until_complete(_run(settings, catalogue, tracing))
     finally:
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 
 
-async def _run(settings: Settings, catalogue: Catalogue) -> None:
+async def _run(
+    settings: Settings, catalogue: Catalogue, tracing: TracingConfig | None = None
+) -> None:
     """Serve until SIGTERM or SIGINT; then drain, stop accepting and finish in-flight work.
 
     SIGHUP re-reads the files QuoteFlow serves from (``reload.py``).
@@ -72,7 +81,7 @@ async def _run(settings: Settings, catalogue: Catalogue) -> None:
     2. The listener closes; requests in flight finish, each within its budget.
     3. The ``ClientSession`` closes. The process exits 0.
     """
-    app = create_app(settings, catalogue=catalogue)
+    app = create_app(settings, catalogue=catalogue, tracing=tracing)
     runner = ServingRunner(app)
     await runner.setup()
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
@@ -35,6 +35,18 @@ TELEMETRY = web.AppKey("telemetry", Telemetry)
 READY = web.AppKey("ready", list[bool])
 """``[True]`` while serving; flipped when shutdown begins."""
 REQUEST_ID = web.RequestKey("request_id", str)
+
+
+class CurrentTrace(Protocol):
+    """The trace of the request being served (tracing, ``spans.Tracing``)."""
+
+    def trace_id(self) -> str | None:
+        """Its trace id, 32 hex digits."""
+        ...
+
+
+CURRENT_TRACE = web.AppKey("current_trace", CurrentTrace)
+"""Set only when tracing is on: the bill names the request's trace."""
 BODY_TIMEOUT = web.AppKey("body_timeout", float)
 """Seconds an inbound body may take to arrive."""
 API_KEYS = web.AppKey("api_keys", ApiKeys)
@@ -102,7 +114,11 @@ async def quotes(request: web.Request) -> web.Response:
     request.app[TELEMETRY].served(report)
     body = encode_result(report.result)
     if request.query.get("explain") in ("1", "true"):
-        body["explain"] = encode_explain(report)
+        body["explain"] = explain = encode_explain(report)
+        current = request.app.get(CURRENT_TRACE)
+        trace_id = None if current is None else current.trace_id()
+        if trace_id is not None:
+            explain["trace_id"] = trace_id
     return _json(body)
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import attrs
@@ -104,12 +104,15 @@ class QuoteService:
         inbound_limit: int,
         answer_reserve: float = 0.0,
         stale_quotes: StaleQuotes | None = None,
+        circuit_open: Callable[[str], None] | None = None,
     ) -> None:
         self._gateway = gateway
         self.lineup = lineup
         """Who is asked; replaced whole by ``use``, read once by each request."""
         self._stale_quotes = stale_quotes
         """None: a failure is always the answer (the quote cache is off)."""
+        self._circuit_open = circuit_open
+        """Told of each supplier not asked because its circuit is open (tracing)."""
         self._budget = budget
         self._inbound_limit = inbound_limit
         self._answer_reserve = answer_reserve
@@ -170,6 +173,8 @@ class QuoteService:
                             # Not asked at all: the answer waits only for the others.
                             trace.stopped = STOPPED_CIRCUIT_OPEN
                             outcomes[trace.supplier] = Failure(trace.supplier, CIRCUIT_OPEN)
+                            if self._circuit_open is not None:
+                                self._circuit_open(trace.supplier)
                             continue
                         gateway_call = self._gateway.quote(trace, request, request_id, deadline)
                         asked.append((trace, permit, group.create_task(gateway_call)))

@@ -24,7 +24,7 @@ import logging
 import random
 import time
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import aiohttp
 import attrs
@@ -81,6 +81,14 @@ NEVER_RETRIED: Final = (aiohttp.ClientSSLError,)
 
 TRUNCATION_CAUSES: Final = (ContentLengthError, TransferEncodingError)
 """Causes of a ``ClientPayloadError`` that mean "the body was cut short"."""
+
+
+class AttemptListener(Protocol):
+    """Told of each attempt as it is about to be sent (tracing: ``spans.Tracing``)."""
+
+    def sending(self, attempt: int, url: URL, headers: dict[str, str]) -> None:
+        """Attempt number ``attempt`` goes to ``url``; ``headers`` may gain headers of its own."""
+        ...
 
 
 @attrs.frozen
@@ -203,6 +211,7 @@ class SupplierClient:
     ``slots`` and ``retry_budgets`` (one per supplier) are injected by the
     composition root: in-memory for one process, Redis-backed in fleet mode.
     Left out, they are this process's own ``OutboundSlots`` and ``RetryBudget`` objects.
+    ``attempts`` is told of every attempt before it is sent (tracing), if given.
     """
 
     def __init__(
@@ -213,9 +222,11 @@ class SupplierClient:
         *,
         slots: OutboundLimiter | None = None,
         retry_budgets: Mapping[str, RetryLimiter] | None = None,
+        attempts: AttemptListener | None = None,
         keep_cache_control: bool = False,
     ) -> None:
         self._session = session
+        self._listener = attempts
         self._settings = settings
         self._keep_cache_control = keep_cache_control
         """Carry each 200 answer's ``Cache-Control`` out on its quote, for the quote cache."""
@@ -344,6 +355,8 @@ class SupplierClient:
                 }
                 if state.headers:
                     headers.update(state.headers)  # the catalogue's (never QuoteFlow's own)
+                if self._listener is not None:
+                    self._listener.sending(attempt, call.url, headers)  # e.g. traceparent
                 fetched = await self._fetch(state, call, headers)
             finally:
                 self._slots.release(trace.supplier)

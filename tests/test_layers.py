@@ -17,6 +17,8 @@ LAYERS = [
     "cli",
     "gunicorn_conf",
     "app",
+    "spans",
+    "tracing",
     "connections",
     "reload",
     "roster",

@@ -248,15 +248,29 @@ async def test_stats_count_suppliers_and_attempts_per_request_id(lab: LabClient)
     assert current["max_active"] == 1
 
 
-async def test_stats_record_attempt_and_deadline_headers(lab: LabClient) -> None:
-    """``X-Attempt`` and ``X-Deadline-Remaining-Ms`` are recorded per request id."""
+async def test_stats_record_attempt_deadline_and_trace_headers(lab: LabClient) -> None:
+    """``X-Attempt``, ``X-Deadline-Remaining-Ms`` and ``traceparent`` are kept per request id."""
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     await ask(
-        lab, "boreal", request_id="r9", **{"X-Attempt": "1", "X-Deadline-Remaining-Ms": "780"}
+        lab,
+        "boreal",
+        request_id="r9",
+        **{"X-Attempt": "1", "X-Deadline-Remaining-Ms": "780", "traceparent": parent},
     )
     await ask(lab, "boreal", request_id="r9", **{"X-Attempt": "2"})
     assert (await stats(lab))["headers"]["r9"] == [
-        {"supplier": "boreal", "x_attempt": "1", "x_deadline_remaining_ms": "780"},
-        {"supplier": "boreal", "x_attempt": "2", "x_deadline_remaining_ms": None},
+        {
+            "supplier": "boreal",
+            "x_attempt": "1",
+            "x_deadline_remaining_ms": "780",
+            "traceparent": parent,
+        },
+        {
+            "supplier": "boreal",
+            "x_attempt": "2",
+            "x_deadline_remaining_ms": None,
+            "traceparent": None,
+        },
     ]
 
 
