@@ -14,7 +14,7 @@ import os
 import shlex
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import aiohttp
 from aiohttp import web
@@ -186,13 +186,11 @@ async def gunicorn_app() -> web.AppRunner:
         reserve_descriptors(ConnectionLimits.of(settings), settings.outbound_limit)
         tracing = tracing_from_environ(os.environ)
     except ConfigError as exc:
-        print(f"quoteflow: error: {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(WORKER_BOOT_ERROR) from None
+        _refuse_to_boot(str(exc))
     if os.environ.get(GUNICORN_MASTER_ENV) != str(os.getppid()):
         # Without gunicorn_conf nobody prepares the shared metrics files, and
         # each worker's /metrics would silently be its own share of the host.
-        print(f"quoteflow: error: {_without_config()}", file=sys.stderr, flush=True)
-        raise SystemExit(WORKER_BOOT_ERROR)
+        _refuse_to_boot(_without_config())
     logs.configure(settings.log_level, settings.log_format, process_ids=True)
     host_metrics = metrics_dir(os.environ) is not None
     fields = loggable(settings, catalogue)
@@ -207,6 +205,16 @@ async def gunicorn_app() -> web.AppRunner:
     return DrainingRunner(
         create_app(settings, catalogue=catalogue, host_metrics=host_metrics, tracing=tracing)
     )
+
+
+def _refuse_to_boot(problem: str) -> NoReturn:
+    """Print QuoteFlow's one-line error and exit with gunicorn's boot-error code.
+
+    Every worker refuses at once: the line goes out in one ``write`` so that
+    two workers' lines never interleave on the stderr they share.
+    """
+    os.write(sys.stderr.fileno(), f"quoteflow: error: {problem}\n".encode())
+    raise SystemExit(WORKER_BOOT_ERROR)
 
 
 def _without_config(argv: Sequence[str] = sys.argv) -> str:

@@ -26,18 +26,21 @@ listening socket from the runner we hand it) behave the same:
   is never cut.
 
 A request pays two method calls (its head parsed, its answer out), a few
-attribute checks and two ordered-dict operations: ``GuardedServer`` keeps the
-idle connections in the order they became idle (``busy``/``idle``), so making
-room takes the oldest in O(1) instead of a scan of every connection. A head
-that arrives whole in one read, as nearly all do, arms no timer.
+attribute checks (one asks whether the last request's body is all in: bytes
+after an early answer are that body, not a head) and two ordered-dict
+operations: ``GuardedServer`` keeps the idle connections in the order they
+became idle (``busy``/``idle``), so making room takes the oldest in O(1)
+instead of a scan of every connection. A head that arrives whole in one read,
+as nearly all do, arms no timer.
 
 What this leans on in aiohttp 3.x beyond its public API, each pinned by
 ``tests/test_connections.py`` on real sockets: a ``Server`` passes its
 handler arguments (``_kwargs``) to every ``RequestHandler``; a handler counts
-the heads it parsed (``_request_count``), queues them (``_messages``), calls
-``log_access`` once per answer, and re-arms its keep-alive check for
-``_next_keepalive_close_time`` when it fires early; a site keeps its server,
-TLS context and backlog (``_server``, ``_ssl_context``, ``_backlog``).
+the heads it parsed (``_request_count``), queues them with their bodies
+(``_messages``), calls ``log_access`` once per answer, and re-arms its
+keep-alive check for ``_next_keepalive_close_time`` when it fires early; a
+site keeps its server, TLS context and backlog (``_server``,
+``_ssl_context``, ``_backlog``).
 """
 
 from __future__ import annotations
@@ -220,7 +223,9 @@ class GuardedServer(web.Server):
         if handler.counted:
             handler.counted = False
             self.open -= 1
-        if self.gate.paused and self.open < self.limit:
+        # Room, or an idle connection to make it (one accepted in the batch
+        # that filled the last place, over the cap, and silent since).
+        if self.gate.paused and not self.full():
             self.gate.resume()
 
     def idle(self, handler: GuardedHandler) -> None:
@@ -262,7 +267,7 @@ class GuardedServer(web.Server):
 class GuardedHandler(RequestHandler):
     """aiohttp's protocol of one connection, telling its ``GuardedServer`` where it stands."""
 
-    __slots__ = ("_guard", "between_requests", "counted", "head_timer")
+    __slots__ = ("_body", "_guard", "between_requests", "counted", "head_timer")
 
     def __init__(self, guard: GuardedServer, **kwargs: Any) -> None:
         super().__init__(guard, **kwargs)
@@ -273,6 +278,8 @@ class GuardedHandler(RequestHandler):
         """Takes one of the ``max_connections`` places."""
         self.head_timer: asyncio.TimerHandle | None = None
         """Armed from a head's first byte until the head is whole."""
+        self._body: Any = None
+        """The body of the last request parsed (aiohttp's ``StreamReader``), once one was."""
 
     def data_received(self, data: bytes) -> None:
         """aiohttp parses ``data``; a head begun arms the header timer; a whole head stops it."""
@@ -280,10 +287,14 @@ class GuardedHandler(RequestHandler):
             super().data_received(data)
             return
         heads = self._request_count
+        # An answer can go out before its request's body is all in (a 405, a
+        # 413): what comes next is that body, not a head.
+        in_body = self._body is not None and not self._body.is_eof()
         super().data_received(data)
         if self._request_count != heads:
+            self._body = self._messages[-1][1]
             self._guard.busy(self)
-        elif data and self.head_timer is None and not self._force_close:
+        elif data and self.head_timer is None and not self._force_close and not in_body:
             self._head_began()
 
     def _head_began(self) -> None:
@@ -305,10 +316,11 @@ class GuardedHandler(RequestHandler):
             self._guard.idle(self)
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        """The socket is gone: no header timeout to wait for."""
+        """The socket is gone: no header timeout to wait for, no body to remember."""
         if self.head_timer is not None:
             self.head_timer.cancel()
             self.head_timer = None
+        self._body = None  # it refers back to this handler: freed without waiting for the gc
         super().connection_lost(exc)
 
     def end(self) -> None:
@@ -392,7 +404,11 @@ class AcceptGate:
             while self._held:
                 held, tls, backlog = self._held[-1]
                 try:
-                    opened = await loop.create_server(server, sock=held, ssl=tls, backlog=backlog)
+                    # Made without serving, which does not wait: a ``close``
+                    # cannot come between the server and our note of it.
+                    opened = await loop.create_server(
+                        server, sock=held, ssl=tls, backlog=backlog, start_serving=False
+                    )
                 except (OSError, ValueError) as exc:  # the socket, or a loop refusing it
                     # Still paused, the socket still held: the next answer or
                     # closed connection tries again.
@@ -401,6 +417,7 @@ class AcceptGate:
                 self._held.pop()
                 assert self._servers is not None
                 self._servers.append((opened, tls, backlog))
+                await opened.start_serving()
         finally:
             self._reopening = None
         self.paused = False

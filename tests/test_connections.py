@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from aiohttp import web
 from quoteflow.app import ServingRunner, create_app
 from quoteflow.cli import main
 from quoteflow.config import Settings
+from quoteflow.connections import GuardedHandler
 from quoteflow.options import ConfigError, parse_settings
 from tests.conftest import TEST_CONNECT_TIMEOUT
 from tests.fakes import FakeSuppliers, delay, quote
@@ -257,15 +259,15 @@ async def test_a_head_begun_late_in_the_idle_time_still_gets_its_408(
     suppliers: FakeSuppliers,
 ) -> None:
     """Once a head began, the header timeout rules: no silent close at the idle timeout."""
-    async with serving(suppliers, header_timeout=0.6, idle_timeout=0.8) as runner:
+    async with serving(suppliers, header_timeout=1.0, idle_timeout=1.2) as runner:
         reader, writer = await connect(port_of(runner))
-        await asyncio.sleep(0.5)
-        writer.write(b"GET /health HTTP/1.1\r\n")  # idle timeout in 0.3 s, header in 0.6 s
+        await asyncio.sleep(0.5)  # far enough from the idle timeout for a loaded machine
+        writer.write(b"GET /health HTTP/1.1\r\n")  # idle timeout in 0.7 s, header in 1 s
         started = time.monotonic()
-        status, _, body = await asyncio.wait_for(answer(reader), 0.6 + 1.0)
+        status, _, body = await asyncio.wait_for(answer(reader), 1.0 + 1.0)
         assert status == 408
         assert json.loads(body)["error"] == "header_timeout"
-        assert time.monotonic() - started >= 0.55
+        assert time.monotonic() - started >= 0.95
         writer.close()
 
 
@@ -290,7 +292,7 @@ async def test_a_well_behaved_keep_alive_client_is_never_cut(suppliers: FakeSupp
     """Requests longer than both timeouts, and a body slower than the header timeout, all answer."""
     suppliers.always("boreal", delay(0.5, quote()))
     async with serving(
-        suppliers, header_timeout=0.2, idle_timeout=0.3, budget=0.8, max_connections=2
+        suppliers, header_timeout=0.2, idle_timeout=0.45, budget=0.8, max_connections=2
     ) as runner:
         port = port_of(runner)
         reader, writer = await connect(port)
@@ -307,6 +309,45 @@ async def test_a_well_behaved_keep_alive_client_is_never_cut(suppliers: FakeSupp
         assert status == 200
         writer.close()
         assert metric(await scrape(port), 'quoteflow_connections_closed_total{reason="room"}') == 0
+
+
+async def test_a_body_that_arrives_after_its_answer_is_no_head(suppliers: FakeSuppliers) -> None:
+    """Body bytes read after an early answer (here a 405) arm no header timeout: no stray 408."""
+    async with serving(suppliers, header_timeout=0.3, idle_timeout=5) as runner:
+        reader, writer = await connect(port_of(runner))
+        writer.write(b"POST /health HTTP/1.1\r\nHost: quoteflow\r\nContent-Length: 5\r\n\r\n")
+        assert (await answer(reader))[0] == 405  # answered before its body came
+        writer.write(b"hello")
+        await asyncio.sleep(0.3 + 0.5)  # past the header timeout, well within the idle one
+        writer.write(HEALTH_REQUEST)  # the connection is still the client's
+        assert (await asyncio.wait_for(answer(reader), 1.0))[0] == 200
+        writer.close()
+
+
+async def test_a_closed_connection_is_freed_without_waiting_for_the_gc(
+    suppliers: FakeSuppliers,
+) -> None:
+    """After a request with a body, a closed connection's handler is in no reference cycle."""
+
+    def handlers() -> int:
+        return sum(1 for thing in gc.get_objects() if isinstance(thing, GuardedHandler))
+
+    async with serving(suppliers) as runner:
+        reader, writer = await connect(port_of(runner))
+        writer.write(QUOTE_REQUEST)
+        assert (await answer(reader))[0] == 200
+        gc.collect()
+        gc.disable()
+        try:
+            assert handlers() == 1
+            writer.close()
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if handlers() == 0:
+                    break
+            assert handlers() == 0
+        finally:
+            gc.enable()
 
 
 # -- the cap -----------------------------------------------------------------------
@@ -360,6 +401,26 @@ async def test_a_head_only_begun_is_idle_and_gets_its_408_when_it_makes_room(
             closing.close()
 
 
+async def test_a_request_pipelined_behind_an_answered_one_is_never_cut(
+    suppliers: FakeSuppliers,
+) -> None:
+    """Two requests in one write: after the first answer the connection is still busy, not idle."""
+    suppliers.always("boreal", delay(0.4, quote()))
+    async with serving(suppliers, max_connections=1, budget=0.8) as runner:
+        port = port_of(runner)
+        reader, writer = await connect(port)
+        writer.write(HEALTH_REQUEST + QUOTE_REQUEST)  # the quote takes 0.4 s
+        assert (await answer(reader))[0] == 200
+        other_reader, other_writer = await connect(port)  # at the cap: no idle one to close
+        status, _, body = await asyncio.wait_for(answer(reader), 2.0)
+        assert status == 200
+        assert json.loads(body)["best"]["supplier"] == "boreal"
+        other_writer.write(HEALTH_REQUEST)
+        assert (await asyncio.wait_for(answer(other_reader), 2.0))[0] == 200
+        for closing in (writer, other_writer):
+            closing.close()
+
+
 async def test_when_every_connection_is_busy_a_new_one_waits(suppliers: FakeSuppliers) -> None:
     """With every place taken by a request in progress, the next connection waits, then answers."""
     async with serving(suppliers, max_connections=2, body_timeout=0.8) as runner:
@@ -385,6 +446,76 @@ async def test_when_every_connection_is_busy_a_new_one_waits(suppliers: FakeSupp
         assert metric(await scrape(port), "quoteflow_accept_pauses_total") == 1
 
 
+async def test_connections_accepted_together_while_full_all_wait_their_turn(
+    suppliers: FakeSuppliers,
+) -> None:
+    """The one place busy, four connections accepted in one batch: none closes another."""
+    async with serving(suppliers, max_connections=1, body_timeout=0.5) as runner:
+        port = port_of(runner)
+        busy_reader, busy_writer = await connect(port)
+        busy_writer.write(SLOW_BODY_HEAD)
+        await asyncio.sleep(0.05)
+        # Connected at once: asyncio's loop accepts them all in one turn, then
+        # makes their protocols one by one, the first pausing the accepting.
+        batch = await asyncio.gather(*(connect(port) for _ in range(4)))
+        await asyncio.sleep(0.05)
+        for _, writer in batch:
+            writer.write(HEALTH_REQUEST)
+        for reader, _ in batch:
+            assert (await asyncio.wait_for(answer(reader), 2.0))[0] == 200
+        assert (await answer(busy_reader))[0] == 408
+        for _, writer in [*batch, (busy_reader, busy_writer)]:
+            writer.close()
+
+
+async def test_accepting_resumes_when_a_busy_connection_is_dropped(
+    suppliers: FakeSuppliers,
+) -> None:
+    """Paused with every place busy: a caller hanging up mid-request makes room, unanswered."""
+    async with serving(suppliers, max_connections=2, body_timeout=10) as runner:
+        port = port_of(runner)
+        held = []
+        for _ in range(2):  # both places busy until their bodies' timeout, 10 s away
+            busy_reader, busy_writer = await connect(port)
+            busy_writer.write(SLOW_BODY_HEAD)
+            held.append((busy_reader, busy_writer))
+            await asyncio.sleep(0.05)
+        silent = await connect(port)  # accepted, then accepting stops; it never sends a byte
+        await asyncio.sleep(0.05)
+        assert runner.gate.paused
+        for _, busy_writer in held:
+            busy_writer.close()  # hung up mid-request: closed, never answered
+        reader, writer = await connect(port)
+        writer.write(HEALTH_REQUEST)
+        assert (await asyncio.wait_for(answer(reader), 2.0))[0] == 200
+        for closing in (silent[1], writer):
+            closing.close()
+
+
+async def test_accepting_resumes_when_an_idle_connection_could_make_room(
+    suppliers: FakeSuppliers,
+) -> None:
+    """Paused over the cap with silent connections of one batch: a dropped request resumes it."""
+    async with serving(suppliers, max_connections=2, body_timeout=10, idle_timeout=10) as runner:
+        port = port_of(runner)
+        held = []
+        for _ in range(2):  # both places busy until their bodies' timeout, 10 s away
+            busy_reader, busy_writer = await connect(port)
+            busy_writer.write(SLOW_BODY_HEAD)
+            held.append((busy_reader, busy_writer))
+            await asyncio.sleep(0.05)
+        silent = await asyncio.gather(*(connect(port) for _ in range(3)))  # accepted together
+        await asyncio.sleep(0.05)
+        assert runner.gate.paused
+        for _, busy_writer in held:
+            busy_writer.close()  # 3 silent ones still open, over the cap: they can make room
+        reader, writer = await connect(port)
+        writer.write(HEALTH_REQUEST)
+        assert (await asyncio.wait_for(answer(reader), 2.0))[0] == 200
+        for closing in [writer, *(w for _, w in silent)]:
+            closing.close()
+
+
 async def test_stopping_while_paused_closes_the_listener(suppliers: FakeSuppliers) -> None:
     """Shutdown with accepting paused: requests in progress answer, the port then refuses."""
     async with serving(suppliers, max_connections=1, body_timeout=0.5) as runner:
@@ -401,6 +532,40 @@ async def test_stopping_while_paused_closes_the_listener(suppliers: FakeSupplier
     with pytest.raises(ConnectionRefusedError):
         await connect(port)
     for _, writer in held:
+        writer.close()
+
+
+async def test_stopping_just_as_accepting_resumes_leaves_nothing_serving(
+    suppliers: FakeSuppliers,
+) -> None:
+    """Shutdown while the gate's new server is starting: that server is closed too, not leaked."""
+    runner = ServingRunner(
+        create_app(Settings(provider_url=suppliers.url, max_connections=1, body_timeout=5))
+    )
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        port = port_of(runner)
+        held = []
+        for _ in range(2):  # the second finds the one place busy: accepting stops
+            _, writer = await connect(port)
+            writer.write(SLOW_BODY_HEAD)
+            held.append(writer)
+            await asyncio.sleep(0.05)
+        assert runner.gate.paused
+        runner.gate.resume()  # as an answer going out would
+        await asyncio.sleep(0)  # the new server exists and is starting: stop now
+    finally:
+        await runner.cleanup()
+    ours = [  # the fake suppliers' server is still up, on its own port
+        server
+        for server in gc.get_objects()
+        if isinstance(server, asyncio.Server)
+        and server.is_serving()
+        and any(sock.fileno() == -1 or sock.getsockname()[1] == port for sock in server.sockets)
+    ]
+    assert ours == []
+    for writer in held:
         writer.close()
 
 

@@ -32,6 +32,7 @@ from quoteflow.fleet import (
     LOCAL,
     TTL,
     Coordinator,
+    FleetSlots,
     LoopFairTimeout,
     fleet_holdings,
     safe_share,
@@ -480,6 +481,51 @@ async def test_back_from_its_own_a_worker_asks_for_no_more_than_its_safe_share(
                         worker.slots.release(supplier)
 
 
+async def test_back_after_a_redis_restart_the_first_worker_still_counts_the_other(
+    redis_server: RedisServer,
+) -> None:
+    """Redis restarted empty: the first worker back is alone in its eyes, yet keeps to 3.
+
+    Each worker runs 3 attempts on its own and has 3 more waiting. Redis'
+    first answer may count one live worker (the other has not tried again
+    yet): dividing by that, the first back could run 6 while the other still
+    runs 3. Whether it would depends on the order the two come back in; the
+    rule is pinned on its own below (``..._cannot_shrink_the_count_of_workers``).
+    """
+    suppliers = ("atlas", "boreal", "cedar")
+    async with workers(redis_server, budget=0.3) as both:
+        await wait_until(lambda: all(w.slots.workers == 2 for w in both), within=1.0)
+        await asyncio.to_thread(redis_server.stop)
+        try:
+            await wait_until(lambda: all(w.slots.mode == LOCAL for w in both), within=1.5)
+            await wait_until(lambda: all(w.slots.local_limit == 3 for w in both), within=1.5)
+            for worker in both:
+                for supplier in suppliers:
+                    await asyncio.wait_for(worker.slots.acquire(supplier), 0.1)
+            waiting = [
+                asyncio.create_task(worker.slots.acquire(supplier))
+                for worker in both
+                for supplier in suppliers
+            ]
+        finally:
+            await asyncio.to_thread(redis_server.start)  # same port, every key lost
+        try:
+            running = 0
+            while not all(w.up for w in both) or running < 20:  # and 100 ms more
+                assert [w.slots.in_use for w in both] == [3, 3]
+                running += all(w.up for w in both)
+                await asyncio.sleep(0.005)
+            assert not any(task.done() for task in waiting)  # the limit is full
+        finally:
+            for task in waiting:
+                task.cancel()
+            await asyncio.gather(*waiting, return_exceptions=True)
+            for worker in both:
+                for supplier in suppliers:
+                    for _ in range(worker.slots.held(supplier)):
+                        worker.slots.release(supplier)
+
+
 async def test_on_its_own_a_worker_keeps_each_suppliers_share(redis_server: RedisServer) -> None:
     """Alone and cut off from Redis, 6 boreal attempts at once: 4 run (its share), 2 wait."""
     async with workers(redis_server, count=1) as (worker,):
@@ -598,6 +644,53 @@ def test_the_safe_share_is_an_equal_part_rounded_down_and_at_least_one(
     assert safe_share(limit, workers) == share
     if 0 < workers <= limit:
         assert workers * safe_share(limit, workers) <= limit
+
+
+async def test_the_first_sync_back_cannot_shrink_the_count_of_workers() -> None:
+    """Back from its own, a worker divides by the workers it knew, not the fewer Redis saw first.
+
+    The first reply after an outage counts only the workers that reported
+    since; the others may still be on their own. ``FleetSlots`` alone, fed
+    the replies Redis would give: 3 held and 3 waiting must stay 3, not 6.
+    """
+    slots = FleetSlots(
+        6, 4, SUPPLIERS, need_sync=lambda _: None, lapsed=lambda: None, rejoin=5.0, narrow=0.0
+    )
+    n = len(SUPPLIERS)
+
+    def reply(granted: list[int], workers: int) -> None:
+        slots.apply(
+            granted=granted,
+            allowed=[4] * n,
+            allowed_total=6,
+            free=[4] * n,
+            grantable=[4] * n,
+            others_waiting=False,
+            sent_at=time.monotonic(),
+            workers=workers,
+        )
+
+    slots.report()
+    reply([0] * n, workers=2)  # joined: a fleet of two
+    slots.go_local()
+    await asyncio.sleep(0.01)  # nothing leased: the whole safe share at once (narrow=0)
+    assert slots.local_limit == 3
+    for supplier in SUPPLIERS:
+        await asyncio.wait_for(slots.acquire(supplier), 0.1)
+    waiting = [asyncio.create_task(slots.acquire(supplier)) for supplier in SUPPLIERS]
+    try:
+        await asyncio.sleep(0)
+        for _ in range(2):  # Redis, emptied, has heard from this worker only
+            _, want = slots.report()
+            reply(want, workers=1)  # it grants whatever was asked
+            await asyncio.sleep(0)
+        assert slots.in_use == 3
+        assert slots.workers == 2
+        assert not any(task.done() for task in waiting)
+    finally:
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
 
 
 async def test_a_slow_redis_is_a_down_redis(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shlex
 import signal
 import socket
@@ -75,10 +76,21 @@ async def start_pair(lab_port: int, port: int) -> tuple[Running, asyncio.Task[No
         str(port),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
+        # Its own process group: the teardown can stop the lab and QuoteFlow
+        # too, which hold the output pipe the reader waits on.
+        start_new_session=True,
     )
     running = Running(process, [], lab_port, port)
     assert process.stdout is not None
     return running, asyncio.create_task(_drain(process.stdout, running.lines))
+
+
+async def stop_pair(running: Running, reader: asyncio.Task[None]) -> None:
+    """Kill ``run_pair`` and whatever of its children is left, then read their last lines."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(running.process.pid, signal.SIGKILL)
+    await running.process.wait()
+    await reader
 
 
 @pytest.fixture
@@ -88,10 +100,7 @@ async def running_pair() -> AsyncIterator[Running]:
     try:
         yield running
     finally:
-        if running.process.returncode is None:
-            running.process.kill()
-            await running.process.wait()
-        await reader
+        await stop_pair(running, reader)
 
 
 async def test_run_pair_serves_the_readme_curl_and_stops_cleanly(running_pair: Running) -> None:
@@ -165,12 +174,12 @@ async def test_a_child_that_cannot_start_stops_the_other() -> None:
     running, reader = await start_pair(lab_port, free_port())
     try:
         assert await asyncio.wait_for(running.process.wait(), 30) == 1
+        # Checked before the teardown, which would stop a QuoteFlow left behind;
+        # the children hold the output pipe, so the reader ends once none is left.
+        await asyncio.wait_for(asyncio.shield(reader), 10)
+        assert refuses(running.port)
+        assert processes_mentioning(f"--port {running.port}") == []
     finally:
         blocker.close()
         await blocker.wait_closed()
-        if running.process.returncode is None:
-            running.process.kill()
-            await running.process.wait()
-        await reader
-    assert refuses(running.port)
-    assert processes_mentioning(f"--port {running.port}") == []
+        await stop_pair(running, reader)
