@@ -47,8 +47,10 @@ need-redis:
 lab: $(STAMP)
 	$(BIN)/python -m provider_lab --port 9101
 
+# Coalescing and the quote cache are on here, so both can be tried by hand
+# (they act only on identical requests in flight and on answers with Cache-Control).
 run: $(STAMP)
-	$(BIN)/python -m provider_lab.run_pair --lab-port 9101 --port 9100
+	$(BIN)/python -m provider_lab.run_pair --lab-port 9101 --port 9100 -- --coalesce --cache-size 1000
 
 # Fleet mode: redis-server (9102), the lab (9101) and 2 gunicorn workers (9100).
 fleet: $(STAMP) need-redis

@@ -7,8 +7,11 @@
 --   BENCH_SCENARIO  normal|slow|broken|malformed|flaky   (default normal)
 --   BENCH_QUANTITY  integer                              (default 2)
 --   BENCH_SKU       the SKU asked for                    (default KB-001)
+--   BENCH_ZIPF_SKUS N > 0: each request asks for one of the lab's HOT-01 …
+--                   HOT-N instead, HOT-k with probability ∝ 1/k (Zipf, s = 1)
 --   BENCH_INSPECT   1: also read 200 bodies (boreal quoted or failed, atlas or
---                   cedar failed, circuit_open answers, elapsed_ms)
+--                   cedar failed, circuit_open answers, no failure at all,
+--                   elapsed_ms)
 --   BENCH_TIMELINE  1: also count 200s and boreal's quotes per 100 ms slot
 --   BENCH_WRK_OUT   file done() writes its tab-separated results to
 --
@@ -41,23 +44,62 @@ local quantity = os.getenv("BENCH_QUANTITY") or "2"
 local inspect = os.getenv("BENCH_INSPECT") == "1"
 local timeline = os.getenv("BENCH_TIMELINE") == "1"
 local sku = os.getenv("BENCH_SKU") or "KB-001"
-local body = '{"sku": "' .. sku .. '", "quantity": ' .. quantity .. ', "scenario": "' .. scenario .. '"}'
+local zipf_skus = tonumber(os.getenv("BENCH_ZIPF_SKUS") or "0")
+
+local function body_for(asked)
+  return '{"sku": "' .. asked .. '", "quantity": ' .. quantity .. ', "scenario": "' .. scenario .. '"}'
+end
 
 local threads = {}
 local req = nil
+local hot = nil -- Zipf: the N requests, and the cumulative weight up to each
+local cumulative = nil
 local started = nil
 
 function setup(thread)
   table.insert(threads, thread)
+  thread:set("thread_no", #threads)
 end
 
 function init(args)
-  req = wrk.format("POST", "/api/quotes", { ["Content-Type"] = "application/json" }, body)
+  local headers = { ["Content-Type"] = "application/json" }
+  req = wrk.format("POST", "/api/quotes", headers, body_for(sku))
+  if zipf_skus > 0 then
+    hot, cumulative = {}, {}
+    local total = 0
+    for k = 1, zipf_skus do
+      total = total + 1 / k
+      cumulative[k] = total
+      hot[k] = wrk.format("POST", "/api/quotes", headers, body_for(string.format("HOT-%02d", k)))
+    end
+    for k = 1, zipf_skus do
+      cumulative[k] = cumulative[k] / total
+    end
+    -- Each thread draws its own sequence.
+    math.randomseed(now_us() + 7919 * (thread_no or 0))
+  end
   bench = {}
+end
+
+local function zipf_request()
+  local u = math.random()
+  local low, high = 1, zipf_skus
+  while low < high do -- the first k whose cumulative weight reaches u
+    local mid = math.floor((low + high) / 2)
+    if cumulative[mid] < u then
+      low = mid + 1
+    else
+      high = mid
+    end
+  end
+  return hot[low]
 end
 
 function request()
   started = now_us()
+  if hot ~= nil then
+    return zipf_request()
+  end
   return req
 end
 
@@ -91,6 +133,9 @@ function response(status, headers, resp_body)
     end
     if resp_body:find('"code":%s*"circuit_open"') then
       add("x circuit_open", 1)
+    end
+    if resp_body:find('"failures":%s*%[%]') then
+      add("x complete", 1)
     end
     if resp_body:find('"supplier":%s*"atlas",%s*"code"') or resp_body:find('"supplier":%s*"cedar",%s*"code"') then
       add("x healthy_failed", 1)

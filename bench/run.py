@@ -6,13 +6,16 @@ workload, sets the lab's latency and drives the two contenders in turn with wrk,
 interleaved A B B A so a noisy neighbour hurts both alike. Every run records
 wrk's counts and per-status latency histograms, the CPU time of the service,
 the lab and wrk itself, and what the lab saw. After each workload a normal
-request must still get all three quotes from both. Then the abuse section
-(``bench/connections.py``, issue 18): normal callers' goodput while an
-attacker hoards 3,000 idle and 100 dribbling connections. Then the fleet section
-(``bench/fleet.py``, issue 12): QuoteFlow under gunicorn with 2 workers and
-Redis against the single process, CPU per answered request and Redis commands
-per request. Last, the tracing section (``bench/tracing.py``, issue 22): CPU
-per answered request with OpenTelemetry off, and on at 1 % and 100 %.
+request must still get all three quotes from both. Then the hot section
+(``bench/hot.py``, issue 21): four QuoteFlow processes — neither, coalescing,
+the quote cache, both — under many callers asking for a few popular SKUs. Then
+the abuse section (``bench/connections.py``, issue 18): normal callers' goodput
+while an attacker hoards 3,000 idle and 100 dribbling connections. Then the
+fleet section (``bench/fleet.py``, issue 12): QuoteFlow under gunicorn with 2
+workers and Redis against the single process, CPU per answered request and
+Redis commands per request. Last, the tracing section (``bench/tracing.py``,
+issue 22): CPU per answered request with OpenTelemetry off, and on at 1 % and
+100 %.
 
 Output: a table with each target of issue 5 marked met or not met,
 ``bench/results/latest.json`` and PNG plots beside it.
@@ -39,7 +42,7 @@ from typing import Any
 
 import attrs
 
-from bench import catalogue, connections, fleet, report, tracing
+from bench import catalogue, connections, fleet, hot, report, tracing
 from bench.procs import (
     BenchError,
     Service,
@@ -114,6 +117,7 @@ def parse_options(argv: Sequence[str]) -> Options:
         parser.error("--duration must be at least 1 and --rounds at least 1")
     only = tuple(name for name in args.only.split(",") if name)
     known = [w.name for w in all_workloads(Limits(), 1)] + [
+        "hot",
         "fleet",
         "abuse",
         "catalogue",
@@ -578,6 +582,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench.warm_up()
         for workload in workloads:
             results["workloads"][workload.name] = bench.run_workload(workload)
+        if not options.only or "hot" in options.only:
+            results["hot"] = hot.run_hot(bench)
         if not options.only or "abuse" in options.only:
             results["abuse"] = connections.run_abuse(bench)
         if not options.only or "fleet" in options.only:
@@ -598,6 +604,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         bench.stop_all()
     results["summary"] = report.summarize(results, limits)
+    if "hot" in results:
+        results["summary"]["hot"] = hot.summarize(results["hot"], limits.budget_ms)
+        results["summary"]["targets"] += hot.targets(results["summary"]["hot"], limits.outbound)
     if "fleet" in results:
         results["summary"]["fleet"] = fleet.summarize(
             results["fleet"], results["summary"].get("overload", {}).get("quoteflow")

@@ -66,8 +66,13 @@ def run_wrk(
     sku: str = "KB-001",
     inspect: bool = False,
     timeline: bool = False,
+    zipf_skus: int = 0,
 ) -> WrkRun:
-    """Run wrk against ``url`` + ``/api/quotes`` with one thread per connection."""
+    """Run wrk against ``url`` + ``/api/quotes`` with one thread per connection.
+
+    ``zipf_skus`` > 0: each request asks for one of the lab's ``HOT-01`` … ``HOT-N``,
+    drawn from a Zipf distribution (``post.lua``), instead of ``sku``.
+    """
     out_path = out_dir / f"{tag}.tsv"
     out_path.unlink(missing_ok=True)
     env = dict(os.environ)
@@ -77,6 +82,7 @@ def run_wrk(
         BENCH_SKU=sku,
         BENCH_INSPECT="1" if inspect or timeline else "0",
         BENCH_TIMELINE="1" if timeline else "0",
+        BENCH_ZIPF_SKUS=str(zipf_skus),
         BENCH_WRK_OUT=str(out_path),
     )
     argv = [

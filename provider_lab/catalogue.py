@@ -38,6 +38,16 @@ class Offer:
 
 
 CATALOGUE: Final[Mapping[str, Mapping[str, Offer]]] = {
+    # HOT-01 … HOT-50: fifty SKUs everyone sells, for the benchmark's ``hot``
+    # workload (many callers, a few popular SKUs: coalescing and the cache).
+    **{
+        f"HOT-{n:02d}": {
+            "atlas": Offer(unit_cents=1000 + 10 * n, shipping_cents=300, stock=40),
+            "boreal": Offer(unit_cents=990 + 10 * n, shipping_cents=250, stock=40),
+            "cedar": Offer(unit_cents=1010 + 10 * n, shipping_cents=200, stock=40),
+        }
+        for n in range(1, 51)
+    },
     "KB-001": {
         "atlas": Offer(unit_cents=1200, shipping_cents=300, stock=20),
         "boreal": Offer(unit_cents=1100, shipping_cents=250, stock=50),

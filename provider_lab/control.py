@@ -11,6 +11,9 @@ Served to loopback clients only (see :func:`provider_lab.app.loopback_only`).
 ``DELETE /faults``         clear every fault
 ``GET /latency``           the lab-wide added latency
 ``PUT /latency``           set it: ``{"ms": N}``
+``GET /cache-control``     the ``Cache-Control`` header each supplier sends
+``PUT /cache-control/{s}`` send ``{"value": "max-age=5, ..."}`` on ``s``'s answers
+``DELETE /cache-control/{s}``, ``DELETE /cache-control``: send none (one, or all)
 ``GET /stats``             in-flight count, per-supplier counts, attempts per id
                            (``?request_id=ID``: only those ids; ``?summary=1``: none)
 ``POST /reset``            zero the statistics (409 while requests are in flight)
@@ -142,6 +145,52 @@ async def put_latency(request: web.Request) -> web.Response:
     return json_response(200, {"ms": ms})
 
 
+MAX_CACHE_CONTROL = 256
+
+
+async def get_cache_control(request: web.Request) -> web.Response:
+    """The ``Cache-Control`` header each supplier sends on its answers."""
+    return json_response(200, dict(request.app[STATE].cache_control))
+
+
+async def put_cache_control(request: web.Request) -> web.Response:
+    """Send ``{"value": "..."}`` as ``Cache-Control`` on every answer of one supplier."""
+    supplier = _supplier(request)
+    data = await _json_body(request)
+    if not isinstance(data, dict) or set(data) != {"value"}:
+        raise _error(422, "invalid_cache_control", detail=['body: must be {"value": "..."}'])
+    value = data["value"]
+    # Printable ASCII only: a CR or LF would let the value forge headers of its own.
+    if (
+        type(value) is not str
+        or not 0 < len(value) <= MAX_CACHE_CONTROL
+        or not all(" " <= char <= "~" for char in value)
+    ):
+        raise _error(
+            422,
+            "invalid_cache_control",
+            detail=[f"value: must be 1–{MAX_CACHE_CONTROL} printable ASCII characters"],
+        )
+    request.app[STATE].cache_control[supplier] = value
+    logger.info("cache_control_set supplier=%s value=%r", supplier, value)
+    return json_response(200, {"supplier": supplier, "value": value})
+
+
+async def clear_cache_control(request: web.Request) -> web.Response:
+    """Send no ``Cache-Control`` on one supplier's answers."""
+    supplier = _supplier(request)
+    request.app[STATE].cache_control.pop(supplier, None)
+    logger.info("cache_control_cleared supplier=%s", supplier)
+    return json_response(200, {"supplier": supplier, "value": None})
+
+
+async def clear_all_cache_control(request: web.Request) -> web.Response:
+    """Send no ``Cache-Control`` on any supplier's answers."""
+    request.app[STATE].cache_control.clear()
+    logger.info("cache_control_cleared supplier=all")
+    return json_response(200, {})
+
+
 async def stats(request: web.Request) -> web.Response:
     """What the lab has seen since the last reset.
 
@@ -175,5 +224,9 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_delete("/faults/{supplier}", clear_supplier)
     router.add_get("/latency", get_latency)
     router.add_put("/latency", put_latency)
+    router.add_get("/cache-control", get_cache_control)
+    router.add_delete("/cache-control", clear_all_cache_control)
+    router.add_put("/cache-control/{supplier}", put_cache_control)
+    router.add_delete("/cache-control/{supplier}", clear_cache_control)
     router.add_get("/stats", stats)
     router.add_post("/reset", reset)

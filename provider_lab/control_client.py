@@ -42,6 +42,13 @@ class LabControl:
         """Set the latency added to every supplier answer."""
         await self._call("PUT", "/latency", {"ms": ms})
 
+    async def set_cache_control(self, supplier: str, value: str | None) -> None:
+        """Send ``Cache-Control: value`` on ``supplier``'s answers (None: send none)."""
+        if value is None:
+            await self._call("DELETE", f"/cache-control/{supplier}")
+        else:
+            await self._call("PUT", f"/cache-control/{supplier}", {"value": value})
+
     async def stats(self, request_id: str | None = None) -> dict[str, Any]:
         """``GET /stats``, per-id maps limited to ``request_id`` if given."""
         query = "" if request_id is None else f"?request_id={quote(request_id, safe='')}"
@@ -58,9 +65,10 @@ class LabControl:
             await asyncio.sleep(0.02)
 
     async def fresh(self) -> None:
-        """No faults, no added latency, nothing in flight, statistics zeroed."""
+        """No faults, no added latency, no Cache-Control, nothing in flight, statistics zeroed."""
         await self.clear_faults()
         await self.set_latency(0)
+        await self._call("DELETE", "/cache-control")
         await self.wait_idle()
         await self._call("POST", "/reset")
 

@@ -9,23 +9,31 @@ expects. Exit code 1 if any case did not behave as expected.
 The suppliers are the ones QuoteFlow's OpenAPI document names: atlas, boreal
 and cedar get the lesson's tour; any other catalogue (the lab started with the
 same file) gets a tour of its own, built from its names (``catalogue_cases``).
+
+For atlas, boreal and cedar, last come the cases of coalescing and the quote
+cache, when QuoteFlow runs with them (``make run`` does): each sends several
+requests and shows one.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import secrets
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 import aiohttp
 import attrs
 
 from provider_lab.catalogue import SUPPLIERS, lookup
-from provider_lab.control_client import LabControl
+from provider_lab.control_client import LabControl, LabError
 
 Fault = Mapping[str, object]
+
+CACHE_SKU: Final = "MN-270"
+"""The cache cases' SKU: no other case asks for it, so no quote they leave cached is met."""
 
 
 @attrs.frozen
@@ -544,6 +552,213 @@ def format_outcome(outcome: Outcome, suppliers: tuple[str, ...] = SUPPLIERS) -> 
     return lines
 
 
+# -- coalescing and the quote cache: cases of several requests each ---------------------
+
+SharingRun = Callable[[aiohttp.ClientSession, LabControl, str], Awaitable[Outcome]]
+
+
+async def _explained(
+    session: aiohttp.ClientSession, service_url: str, request_id: str, **body: object
+) -> dict[str, Any]:
+    """One request with its budget bill, under ``request_id``."""
+    async with session.post(
+        f"{service_url}/api/quotes?explain=1", json=body, headers={"X-Request-ID": request_id}
+    ) as response:
+        result: dict[str, Any] = await response.json()
+        if response.status != 200:
+            raise LabError(f"QuoteFlow answered {response.status}: {result}")
+        return result
+
+
+async def _after(seconds: float, asked: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+    await asyncio.sleep(seconds)
+    return await asked
+
+
+def _row_of(
+    case: Case,
+    result: dict[str, Any],
+    attempts: dict[str, int],
+    problems: list[str],
+    notes: Sequence[str] = (),
+) -> Outcome:
+    """The table row of one of ``result``'s requests, checked against ``case``."""
+    failures = {f["supplier"]: f["code"] for f in result["failures"]}
+    best = result["best"]["supplier"] if result["best"] else None
+    if best != case.best:
+        problems.append(f"best {best}, expected {case.best}")
+    if failures != dict(case.failures):
+        problems.append(f"failures {failures}, expected {dict(case.failures)}")
+    for supplier, expected in (case.attempts or {}).items():
+        if attempts[supplier] != expected:
+            problems.append(f"{supplier} got {attempts[supplier]} requests, expected {expected}")
+    stopped = str(result["explain"]["suppliers"]["boreal"]["stopped"])
+    return Outcome(
+        case, best, failures, attempts, stopped, float(result["elapsed_ms"]), problems, list(notes)
+    )
+
+
+def _boreal_bill(result: dict[str, Any]) -> dict[str, Any]:
+    bill: dict[str, Any] = result["explain"]["suppliers"]["boreal"]
+    return bill
+
+
+JOINED: Final = Case(
+    "coalesce: a joined call",
+    "sent 50 ms after an identical one (300 ms suppliers): it joined that call, sent nothing "
+    "of its own, and got the same full answer",
+    attempts={s: 0 for s in SUPPLIERS},
+)
+
+
+async def joined_call(session: aiohttp.ClientSession, lab: LabControl, service_url: str) -> Outcome:
+    """Two identical requests 50 ms apart: the second joins the first one's supplier calls."""
+    await lab.fresh()
+    await lab.set_latency(300)
+    tag = secrets.token_hex(3)
+    first, second = await asyncio.gather(
+        _explained(session, service_url, f"first-{tag}"),
+        _after(0.05, _explained(session, service_url, f"second-{tag}")),
+    )
+    await lab.wait_idle()
+    problems = []
+    if (sent := await lab.attempts(first["request_id"])) != {s: 1 for s in SUPPLIERS}:
+        problems.append(f"the first request's calls reached the suppliers {sent} times")
+    if (joined := _boreal_bill(second).get("joined")) != first["request_id"]:
+        problems.append(f"boreal's bill says joined {joined!r}, not {first['request_id']!r}")
+    if second["quotes"] != first["quotes"]:
+        problems.append("the two answers differ")
+    return _row_of(JOINED, second, await lab.attempts(second["request_id"]), problems)
+
+
+LEFT_AT_DEADLINE: Final = Case(
+    "coalesce: a joiner leaves",
+    "boreal's 503 came late; the retry, planned on a later joiner's deadline, came after "
+    "the starter's and this joiner's: each is timeout at its own, the later one got the quote",
+    best="atlas",
+    failures={"boreal": "timeout"},
+    attempts={s: 0 for s in SUPPLIERS},
+)
+
+
+async def joiner_leaving(
+    session: aiohttp.ClientSession, lab: LabControl, service_url: str
+) -> Outcome:
+    """Three identical requests; boreal's retry outlives the first two deadlines, not the third.
+
+    Every supplier answers after 55 % of the budget; boreal's first answer is
+    a 503. The starter (deadline 1.0 budget) and a joiner sent at 0.05
+    budget (deadline 1.05) are gone when the retry's quote comes, at about
+    1.15; a joiner sent at 0.5 budget (deadline 1.5) gets it.
+    """
+    await lab.fresh()
+    tag = secrets.token_hex(3)
+    probe = await _explained(session, service_url, f"budget-{tag}")
+    budget = float(probe["explain"]["budget_ms"]) / 1000
+    await lab.fresh()
+    await lab.set_latency(round(budget * 550))
+    await lab.add_fault("boreal", {"kind": "http_503", "count": 1})
+    starter, leaver, stayer = await asyncio.gather(
+        _explained(session, service_url, f"starter-{tag}"),
+        _after(0.05 * budget, _explained(session, service_url, f"leaver-{tag}")),
+        _after(0.5 * budget, _explained(session, service_url, f"stayer-{tag}")),
+    )
+    await lab.wait_idle()
+    problems = []
+    if (sent := (await lab.attempts(starter["request_id"]))["boreal"]) != 2:
+        problems.append(f"boreal got {sent} requests from the shared call, expected 2")
+    if (stayer["best"] or {}).get("supplier") != "boreal":
+        problems.append(f"the last joiner's best is {stayer['best']}, expected boreal's quote")
+    if _boreal_bill(starter).get("handed_over") != stayer["request_id"]:
+        problems.append("the starter did not hand the call over to the last joiner")
+    notes = [f"budget {budget:.2f} s; suppliers answered after {budget * 0.55:.2f} s"]
+    return _row_of(
+        LEFT_AT_DEADLINE, leaver, await lab.attempts(leaver["request_id"]), problems, notes
+    )
+
+
+CACHED: Final = Case(
+    "cache: a cached quote",
+    "boreal said Cache-Control: max-age=1: the next request got its quote from the cache, "
+    "with its age_s, and boreal was not asked",
+    request={"sku": CACHE_SKU},
+    best="cedar",
+    attempts={"atlas": 1, "boreal": 0, "cedar": 1},
+)
+
+
+async def cached_quote(
+    session: aiohttp.ClientSession, lab: LabControl, service_url: str
+) -> Outcome:
+    """boreal's quote with max-age=1, then the same request again within the second."""
+    await lab.fresh()
+    await lab.set_cache_control("boreal", "max-age=1")
+    await asyncio.sleep(1.05)  # an entry of an earlier run has expired
+    tag = secrets.token_hex(3)
+    await _explained(session, service_url, f"store-{tag}", sku=CACHE_SKU)
+    again = await _explained(session, service_url, f"again-{tag}", sku=CACHE_SKU)
+    problems = []
+    quote: dict[str, Any] = next((q for q in again["quotes"] if q["supplier"] == "boreal"), {})
+    if "age_s" not in quote:
+        problems.append(f"boreal's quote has no age_s: {quote}")
+    await lab.set_cache_control("boreal", None)
+    return _row_of(CACHED, again, await lab.attempts(again["request_id"]), problems)
+
+
+STALE: Final = Case(
+    "cache: stale covers a 503",
+    "max-age=1, stale-if-error=30: a second later boreal failed with 503 twice, and its stale "
+    "quote stood in, with its age_s",
+    request={"sku": CACHE_SKU},
+    best="cedar",
+    attempts={"atlas": 1, "boreal": 2, "cedar": 1},
+)
+
+
+async def stale_quote(session: aiohttp.ClientSession, lab: LabControl, service_url: str) -> Outcome:
+    """boreal's quote with stale-if-error, then past its max-age boreal answers 503."""
+    await lab.fresh()
+    await lab.set_cache_control("boreal", "max-age=1, stale-if-error=30")
+    await asyncio.sleep(1.05)  # the last case's entry is past its max-age
+    tag = secrets.token_hex(3)
+    await _explained(session, service_url, f"store-{tag}", sku=CACHE_SKU)
+    await asyncio.sleep(1.05)
+    await lab.add_fault("boreal", {"kind": "http_503"})
+    stale = await _explained(session, service_url, f"stale-{tag}", sku=CACHE_SKU)
+    await lab.clear_faults()
+    problems = []
+    if (covered := _boreal_bill(stale).get("stale_if_error")) != "http_503":
+        problems.append(f"boreal's bill says stale_if_error {covered!r}, not 'http_503'")
+    quote: dict[str, Any] = next((q for q in stale["quotes"] if q["supplier"] == "boreal"), {})
+    if quote.get("age_s", 0) < 1:
+        problems.append(f"boreal's stale quote has no age_s past 1 s: {quote}")
+    await lab.set_cache_control("boreal", None)
+    return _row_of(STALE, stale, await lab.attempts(stale["request_id"]), problems)
+
+
+async def _metric_names(session: aiohttp.ClientSession, service_url: str) -> str:
+    async with session.get(f"{service_url}/metrics") as response:
+        return await response.text() if response.status == 200 else ""
+
+
+async def sharing_runs(
+    session: aiohttp.ClientSession, service_url: str
+) -> tuple[list[SharingRun], list[str]]:
+    """The coalescing and cache cases QuoteFlow can show, and a line for each it cannot."""
+    metrics = await _metric_names(session, service_url)
+    runs: list[SharingRun] = []
+    missing = []
+    if "quoteflow_coalesced_calls_in_flight" in metrics:
+        runs += [joined_call, joiner_leaving]
+    else:
+        missing.append("coalescing is off (--coalesce): its cases are left out.")
+    if "quoteflow_cache_entries" in metrics:
+        runs += [cached_quote, stale_quote]
+    else:
+        missing.append("the quote cache is off (--cache-size N): its cases are left out.")
+    return runs, missing
+
+
 async def demo(service_url: str, lab_url: str) -> int:
     """Run every case in order and print the table; 0 if all behaved as expected."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
@@ -569,6 +784,11 @@ async def demo(service_url: str, lab_url: str) -> int:
                 cases += BREAKER_CASES
             else:
                 print("QuoteFlow's circuit breaker is off: its cases are left out.\n")
+            runs, missing = await sharing_runs(session, service_url)
+            for line in missing:
+                print(f"QuoteFlow's {line}")
+            if missing:
+                print()
         else:
             print(
                 f"QuoteFlow {service_url} asks a catalogue of {len(suppliers)}: "
@@ -578,11 +798,16 @@ async def demo(service_url: str, lab_url: str) -> int:
             )
             print(_row(CATALOGUE_COLUMNS))
             cases = catalogue_cases(suppliers)
+            runs = []  # the coalescing and cache cases are written for the lesson's three
         print(_row(["-" * w for w in WIDTHS]))
         for case in cases:
             outcome = await run_case(session, lab, service_url, case, suppliers)
             outcomes.append(outcome)
             print("\n".join(format_outcome(outcome, suppliers)), flush=True)
+        for run in runs:
+            outcome = await run(session, lab, service_url)
+            outcomes.append(outcome)
+            print("\n".join(format_outcome(outcome)), flush=True)
         await lab.fresh()
     wrong = [o.case.name for o in outcomes if o.problems]
     print()

@@ -3,6 +3,7 @@
 Order of decisions for one request: unknown supplier (404) or scenario (400)
 → count it → the lab-wide latency → the supplier's next fault, if any → the
 scenario (boreal only) → the catalogue (404 for an unknown SKU) → the quote.
+The supplier's ``Cache-Control``, if one is set, goes on whatever answer that is.
 """
 
 from __future__ import annotations
@@ -111,6 +112,11 @@ class _Label:
 async def _answer(call: Call, label: _Label) -> web.StreamResponse:
     what, response = await _decide(call, label)
     label.what = what
+    cache_control = call.state.cache_control.get(call.supplier)
+    # On every answer not already sent (a truncated body is): a cache must
+    # also see the header on the answers it must never store, such as a 503.
+    if cache_control is not None and not response.prepared:
+        response.headers["Cache-Control"] = cache_control
     return response
 
 

@@ -51,20 +51,26 @@ async def stop_child(process: asyncio.subprocess.Process, within_s: float = STOP
             await process.wait()
 
 
-def _banner(lab_url: str, service_url: str) -> str:
+def _banner(lab_url: str, service_url: str, extra: Sequence[str] = ()) -> str:
     body = '{"quantity":2,"scenario":"flaky"}'
-    return "\n".join(
-        [
-            f"provider lab  {lab_url}   (faults: {lab_url}/faults, stats: {lab_url}/stats)",
-            f"QuoteFlow     {service_url}",
-            "",
-            "Try:",
-            f"  curl -s -X POST {service_url}/api/quotes "
-            f"-H 'Content-Type: application/json' -d '{body}'",
-            "",
-            "make demo drives every scenario and fault against this pair. Ctrl-C stops both.",
+    lines = [
+        f"provider lab  {lab_url}   (faults: {lab_url}/faults, stats: {lab_url}/stats)",
+        f"QuoteFlow     {service_url}",
+        "",
+        "Try:",
+        f"  curl -s -X POST {service_url}/api/quotes "
+        f"-H 'Content-Type: application/json' -d '{body}'",
+    ]
+    if "--cache-size" in extra:
+        lines += [
+            "and, to see the quote cache (ask twice: boreal's quote comes back with age_s):",
+            f'  curl -s -X PUT {lab_url}/cache-control/boreal -d \'{{"value": "max-age=10"}}\'',
         ]
-    )
+    lines += [
+        "",
+        "make demo drives every scenario and fault against this pair. Ctrl-C stops both.",
+    ]
+    return "\n".join(lines)
 
 
 async def run(host: str, lab_port: int, service_port: int, extra: Sequence[str]) -> int:
@@ -104,7 +110,7 @@ async def run(host: str, lab_port: int, service_port: int, extra: Sequence[str])
             ]
             print(f"run: {' and '.join(names)} did not start; stopping", file=sys.stderr)
             return 1
-        print(_banner(lab_url, service_url), flush=True)
+        print(_banner(lab_url, service_url, extra), flush=True)
         waiters: list[asyncio.Task[object]] = [asyncio.create_task(stop.wait())]
         waiters += [asyncio.create_task(child.wait()) for child in children]
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)

@@ -51,6 +51,8 @@ class LabState:
         self.flaky_seen = RecentIds(config.flaky_id_limit)
         self.blip_seen = RecentIds(config.flaky_id_limit)
         self.random = random.Random(config.seed)
+        self.cache_control: dict[str, str] = {}
+        """The ``Cache-Control`` header each supplier sends on its answers (none if absent)."""
 
     def other_than(self, supplier: str) -> str:
         """Another supplier's name (the next one the lab serves), for a wrong echo."""

@@ -21,13 +21,15 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from quoteflow import handlers, logs
+from quoteflow.cache import CachingGateway, QuoteCache
 from quoteflow.catalogue import Catalogue
+from quoteflow.coalesce import CoalescingGateway
 from quoteflow.config import Settings
 from quoteflow.connections import ConnectionLimits, GuardedRunner, reserve_descriptors
 from quoteflow.fleet import Coordinator
 from quoteflow.hostmetrics import HostTelemetry
 from quoteflow.logs import log_event
-from quoteflow.observe import Telemetry
+from quoteflow.observe import PlainGauge, ReadCounter, Telemetry
 from quoteflow.options import (
     GUNICORN_MASTER_ENV,
     ConfigError,
@@ -56,7 +58,7 @@ ROSTER = web.AppKey("roster", SupplierRoster)
 COORDINATOR = web.AppKey("coordinator", Coordinator)
 """Fleet mode only (``redis_url`` set): this worker's link to the others through Redis."""
 
-GatewayFactory = Callable[[SupplierClient], SupplierGateway]
+GatewayFactory = Callable[[SupplierGateway], SupplierGateway]
 
 
 WORKER_BOOT_ERROR = 3
@@ -78,8 +80,10 @@ def create_app(
     them from ``settings.suppliers_file``; left out, the three lab suppliers
     (it must be given when the settings name a file). With a file, a
     ``SIGHUP`` re-reads it (``roster.py``), resolving ``${VAR}`` from ``environ``.
-    ``gateway`` wraps the real supplier client — a seam for tests that need a
-    supplier call to misbehave in ways no HTTP server can (a bug in our code).
+    ``gateway`` wraps the supplier gateway the service would use (the real
+    client, behind the cache and coalescing when they are on) — a seam for
+    tests that need a supplier call to misbehave in ways no HTTP server can
+    (a bug in our code).
     ``host_metrics``: ``/metrics`` reports every worker of the host
     (prometheus-client's multiprocess mode, ``hostmetrics.py``); the request
     path is the same either way.
@@ -326,6 +330,53 @@ def _limits(app: web.Application) -> tuple[OutboundLimiter, Mapping[str, RetryLi
     return slots, None
 
 
+def _sharing(
+    settings: Settings, client: SupplierClient, telemetry: Telemetry
+) -> tuple[SupplierGateway, QuoteCache | None]:
+    """``client`` behind the quote cache and coalescing, as configured, and the cache.
+
+    With both off it is exactly ``client``. The cache comes first: a fresh
+    quote answers without a shared call; a miss may then join one.
+    """
+    gateway: SupplierGateway = client
+    if settings.coalesce:
+        gateway = _coalescing(client, telemetry)
+    if not settings.cache_size:
+        return gateway, None
+    cache = QuoteCache(settings.cache_size, settings.cache_max_age)
+    entries = PlainGauge("quoteflow_cache_entries", "Quotes in the cache now (--cache-size).")
+    entries.readers[()] = lambda: float(len(cache))
+    telemetry.sharing(
+        entries,
+        ReadCounter(
+            "quoteflow_cache_answers",
+            "Quotes answered from the cache, by supplier and how: fresh, or stale for a failure.",
+            ("supplier", "how"),
+            lambda: {key: float(n) for key, n in cache.served.items()},
+        ),
+    )
+    return CachingGateway(gateway, cache), cache
+
+
+def _coalescing(client: SupplierClient, telemetry: Telemetry) -> SupplierGateway:
+    """``client`` behind coalescing, with its metrics."""
+    coalescing = CoalescingGateway(client)
+    shared_calls = PlainGauge(
+        "quoteflow_coalesced_calls_in_flight", "Shared supplier calls running now (--coalesce)."
+    )
+    shared_calls.readers[()] = lambda: float(coalescing.in_flight)
+    telemetry.sharing(
+        shared_calls,
+        ReadCounter(
+            "quoteflow_coalesced_joins",
+            "Supplier calls not sent because an identical one was in flight (--coalesce).",
+            ("supplier",),
+            lambda: {(supplier,): float(n) for supplier, n in coalescing.joins.items()},
+        ),
+    )
+    return coalescing
+
+
 def _supplier_session(
     gateway: GatewayFactory | None,
     tracer: Tracing | None,
@@ -357,10 +408,13 @@ def _supplier_session(
                 slots=slots,
                 retry_budgets=budgets,
                 attempts=tracer,
+                keep_cache_control=settings.cache_size > 0,
             )
             telemetry = app[handlers.TELEMETRY]
-            supplier_gateway: SupplierGateway = gateway(client) if gateway else client
+            shared, cache = _sharing(settings, client, telemetry)
+            supplier_gateway: SupplierGateway = gateway(shared) if gateway else shared
             if tracer is not None:
+                # Outermost: a request's span for each supplier, joined or cached too.
                 supplier_gateway = tracer.gateway(supplier_gateway)
             service = QuoteService(
                 supplier_gateway,
@@ -368,6 +422,7 @@ def _supplier_session(
                 budget=settings.budget,
                 inbound_limit=settings.inbound_limit,
                 answer_reserve=settings.answer_reserve,
+                stale_quotes=cache,
                 circuit_open=None if tracer is None else tracer.circuit_open,
             )
             app[SUPPLIER_CLIENT] = client

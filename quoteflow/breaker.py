@@ -17,7 +17,10 @@ What counts is what the supplier did with the attempts it was sent:
     success   a quote — also one a retry brought: the streak starts again
     neither   a 4xx (a valid answer about that SKU), ``invalid_data``, a call
               the caller cancelled, a call that timed out before a single
-              attempt was sent (QuoteFlow's own limits held it back)
+              attempt was sent (QuoteFlow's own limits held it back), an
+              outcome this request did not ask for itself: a shared call's
+              (it is judged once, on the bill of the request that holds its
+              attempts) or the cache's
 
 In half-open exactly one request at a time probes, under its normal budget
 and rules; every other request gets ``circuit_open`` meanwhile. A probe that
@@ -76,12 +79,20 @@ class Verdict(enum.Enum):
 
 
 def verdict(outcome: SupplierQuote | Failure | None, sent: bool) -> Verdict:
-    """Judge one supplier call by its outcome (None: cut off by the deadline)."""
+    """Judge one supplier call by its outcome (None: cut off by the deadline).
+
+    ``sent``: the request's bill holds at least one attempt. Without one the
+    supplier was told nothing by this request: the call was cut off waiting
+    for a slot, or the outcome came from a call another request made and
+    reports (``--coalesce``), or from the cache.
+    """
+    if not sent:
+        return Verdict.UNKNOWN
     if isinstance(outcome, SupplierQuote):
         return Verdict.SUCCESS
     code = TIMEOUT if outcome is None else outcome.code
     if code == TIMEOUT:
-        return Verdict.FAILURE if sent else Verdict.UNKNOWN
+        return Verdict.FAILURE
     if code == TRANSPORT_ERROR or code.startswith("http_5"):
         return Verdict.FAILURE
     return Verdict.ANSWERED

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 import cattrs
 import orjson
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
-from cattrs.gen import make_dict_structure_fn, override
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 from quoteflow.config import SCENARIOS
 from quoteflow.errors import (
@@ -231,6 +231,9 @@ _structure_quote = make_dict_structure_fn(
     unit_cents=override(struct_hook=_supplied_number),
     shipping_cents=override(struct_hook=_supplied_number),
     stock=override(struct_hook=_supplied_number),
+    # What QuoteFlow learns beside the payload: a supplier can never send these.
+    cache_control=override(omit=True),
+    age_s=override(omit=True),
 )
 
 
@@ -289,7 +292,12 @@ def to_json(obj: Any) -> bytes:
 
 
 _results = cattrs.Converter()
-_unstructure_quote = _results.get_unstructure_hook(RankedQuote)
+_unstructure_quote = make_dict_unstructure_fn(
+    RankedQuote,
+    _results,
+    # ``age_s`` only for a quote from the cache: every other answer is unchanged.
+    age_s=override(omit_if_default=True),
+)
 _unstructure_failure = _results.get_unstructure_hook(Failure)
 
 
@@ -321,7 +329,7 @@ def encode_explain(report: QuoteReport) -> dict[str, Any]:
     deadline = report.deadline
     suppliers: dict[str, Any] = {}
     for trace in report.traces:
-        suppliers[trace.supplier] = {
+        suppliers[trace.supplier] = bill = {
             "attempts": [
                 {
                     "attempt": record.attempt,
@@ -337,4 +345,11 @@ def encode_explain(report: QuoteReport) -> dict[str, Any]:
             ],
             "stopped": trace.stopped,
         }
+        # Present only when coalescing or the cache had a hand in the outcome.
+        if trace.joined is not None:
+            bill["joined"] = trace.joined
+        if trace.handed_over is not None:
+            bill["handed_over"] = trace.handed_over
+        if trace.stale_if_error is not None:
+            bill["stale_if_error"] = trace.stale_if_error
     return {"budget_ms": _ms(report.budget), "suppliers": suppliers}

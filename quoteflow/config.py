@@ -126,6 +126,12 @@ class Settings:
     """Time limit of every Redis call, seconds; past it the worker keeps to its safe share."""
     redis_prefix: str = attrs.field(default="quoteflow")
     """Prefix of QuoteFlow's Redis keys, so several fleets can share one Redis."""
+    coalesce: bool = attrs.field(default=False, validator=v.instance_of(bool))
+    """Share a supplier call in flight with every request that would send the same one."""
+    cache_size: int = attrs.field(default=0, validator=[v.ge(0), v.le(10_000_000)])
+    """Quotes the cache holds at most (least recently used out first); 0 turns it off."""
+    cache_max_age: float = attrs.field(default=30.0, validator=_positive)
+    """Cap on a supplier's ``max-age`` and ``stale-if-error``, seconds."""
 
     @provider_url.validator
     def _check_provider_url(self, attribute: attrs.Attribute[str], value: str) -> None:

@@ -84,6 +84,10 @@ class SupplierQuote:
     unit_cents: int = attrs.field(validator=_count)
     shipping_cents: int = attrs.field(validator=_count)
     stock: int = attrs.field(validator=_count)
+    cache_control: str | None = None
+    """The answer's ``Cache-Control`` header, kept only when the quote cache is on."""
+    age_s: float | None = None
+    """Seconds since the supplier gave this quote, for one served from the cache."""
 
 
 @attrs.frozen(kw_only=True)
@@ -96,6 +100,8 @@ class RankedQuote:
     shipping_cents: int
     stock: int
     total_cents: int
+    age_s: float | None = None
+    """Set only for a quote from the cache; the answer leaves it out otherwise."""
 
     @classmethod
     def for_quantity(cls, quote: SupplierQuote, quantity: int) -> RankedQuote:
@@ -107,6 +113,7 @@ class RankedQuote:
             shipping_cents=quote.shipping_cents,
             stock=quote.stock,
             total_cents=quote.unit_cents * quantity + quote.shipping_cents,
+            age_s=quote.age_s,
         )
 
 
@@ -151,6 +158,10 @@ STOPPED_RETRY_BUDGET = "retry_budget"
 """This supplier's recent retries did not pay off; its retry budget is spent."""
 STOPPED_CIRCUIT_OPEN = "circuit_open"
 """The supplier's circuit is open (or another request is probing it): no attempt."""
+STOPPED_JOINED = "joined"
+"""An identical call was in flight (``--coalesce``): this request waited for its outcome."""
+STOPPED_CACHED = "cached"
+"""A fresh quote from the cache (``--cache-size``): the supplier was not asked."""
 
 
 @attrs.frozen(kw_only=True)
@@ -186,6 +197,27 @@ class SupplierTrace:
     attempts: list[AttemptRecord] = attrs.Factory(list)
     stopped: str | None = None
     """Why no further attempt was made; set once the call ends."""
+    joined: str | None = None
+    """The request id of the shared call this request joined (``--coalesce``)."""
+    handed_over: str | None = None
+    """The request this one handed its shared call to when it left (``--coalesce``)."""
+    stale_if_error: str | None = None
+    """The failure a stale quote from the cache stood in for (``--cache-size``)."""
+
+
+@attrs.define
+class MovingDeadline:
+    """A deadline that may move while a call runs: a shared call's (``coalesce.py``).
+
+    The attempt loop reads a deadline only as ``deadline - now``, the time
+    left; this reads the same way, from wherever the deadline is now.
+    """
+
+    at: float
+    """``time.monotonic()`` value of the deadline now."""
+
+    def __sub__(self, other: float) -> float:
+        return self.at - other
 
 
 @attrs.frozen(kw_only=True)

@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 from quoteflow.breaker import State
 from quoteflow.logs import log_event
 from quoteflow.models import (
+    STOPPED_CACHED,
     STOPPED_CIRCUIT_OPEN,
     STOPPED_DEADLINE,
     STOPPED_NO_TIME,
@@ -274,6 +275,8 @@ class Telemetry:
             ("supplier",),
             host_mode="livemax",  # each worker has its own breaker: the host shows the worst
         )
+        self._sharing = False
+        """Coalescing or the quote cache is on: the request event says what each shared."""
         self.metrics: tuple[PlainMetric, ...] = (
             self._requests,
             self._duration,
@@ -296,6 +299,15 @@ class Telemetry:
     def register(self) -> None:
         """Make ``registry`` read this app's metrics at scrape time."""
         self.registry.register(_LoopMetrics(self))
+
+    def sharing(self, *metrics: PlainMetric) -> None:
+        """Coalescing or the quote cache is on: their ``metrics``, and a field in the log.
+
+        Each ``quote_request`` event then carries ``shared``: for every
+        supplier whose outcome a shared call or the cache gave, how.
+        """
+        self._sharing = True
+        self.add(*metrics)
 
     def add(self, *metrics: PlainMetric) -> None:
         """More metrics, e.g. of a part wired at start-up; exported like the others.
@@ -486,6 +498,8 @@ class Telemetry:
                     for trace in report.traces
                 },
             }
+            if self._sharing:
+                fields["shared"] = _shared(report.traces)
             log_event(log, logging.INFO, "quote_request", fields)
 
     def caller_left(self, request_id: str) -> None:
@@ -520,6 +534,21 @@ class Telemetry:
         if log.isEnabledFor(level):
             event = {"request_id": request_id, "status": status, "result": result, **fields}
             log_event(log, level, "quote_request", event, exc_info=exc)
+
+
+def _shared(traces: Iterable[SupplierTrace]) -> dict[str, str]:
+    """How coalescing or the cache gave each supplier's outcome, for those it did."""
+    found: dict[str, str] = {}
+    for trace in traces:
+        if trace.stale_if_error is not None:
+            found[trace.supplier] = f"stale_if_error:{trace.stale_if_error}"
+        elif trace.stopped == STOPPED_CACHED:
+            found[trace.supplier] = STOPPED_CACHED
+        elif trace.joined is not None:
+            found[trace.supplier] = f"joined:{trace.joined}"
+        elif trace.handed_over is not None:
+            found[trace.supplier] = f"handed_over:{trace.handed_over}"
+    return found
 
 
 def _attempt_fields(

@@ -95,6 +95,15 @@ _OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     ),
     "redis_timeout": (float, "time limit of each Redis call, seconds; below the budget (0.05)"),
     "redis_prefix": (str, "prefix of QuoteFlow's Redis keys (quoteflow)"),
+    "coalesce": (
+        _boolean,
+        "share a supplier call in flight with identical requests (default: off)",
+    ),
+    "cache_size": (
+        int,
+        "quotes kept as their suppliers' Cache-Control allows; 0: no cache (default 0)",
+    ),
+    "cache_max_age": (float, "cap on a supplier's max-age and stale-if-error, seconds (30)"),
 }
 
 _FLAGS = {

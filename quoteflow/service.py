@@ -14,7 +14,8 @@ finished when it comes is kept; every supplier still working is ``timeout``.
 
 Before the fan-out each supplier's circuit breaker (``breaker.py``) is asked;
 a supplier whose circuit is open is not called at all (``circuit_open``), and
-every call's outcome is reported back to its breaker afterwards.
+every call's outcome is reported back to its breaker afterwards. With the
+quote cache on, a stale quote may then stand in for a failure (``cache.py``).
 
 Which suppliers are asked, and their breakers, come from the catalogue as a
 ``Lineup`` handed in by the app. A reload hands in a new one (``use``); each
@@ -65,6 +66,23 @@ class SupplierGateway(Protocol):
         ...
 
 
+class StaleQuotes(Protocol):
+    """Quotes that may stand in for a failing supplier; ``cache.QuoteCache`` is the real one."""
+
+    def cover(
+        self,
+        request: QuoteRequest,
+        traces: tuple[SupplierTrace, ...],
+        outcomes: dict[str, SupplierQuote | Failure],
+    ) -> None:
+        """Replace each failure in ``outcomes`` that a stale quote may stand in for.
+
+        A supplier missing from ``outcomes`` timed out. Called once the
+        breakers have judged the real outcomes.
+        """
+        ...
+
+
 @attrs.frozen
 class Lineup:
     """The suppliers one catalogue names, in the order failures are listed, and their breakers."""
@@ -85,11 +103,14 @@ class QuoteService:
         budget: float,
         inbound_limit: int,
         answer_reserve: float = 0.0,
+        stale_quotes: StaleQuotes | None = None,
         circuit_open: Callable[[str], None] | None = None,
     ) -> None:
         self._gateway = gateway
         self.lineup = lineup
         """Who is asked; replaced whole by ``use``, read once by each request."""
+        self._stale_quotes = stale_quotes
+        """None: a failure is always the answer (the quote cache is off)."""
         self._circuit_open = circuit_open
         """Told of each supplier not asked because its circuit is open (tracing)."""
         self._budget = budget
@@ -170,6 +191,9 @@ class QuoteService:
                     outcomes[trace.supplier] = outcome = task.result()
                     _judge(breakers, trace, permit, outcome)
             judged = True
+            if self._stale_quotes is not None:
+                # After judging: the breaker learns what the supplier did, not what stood in.
+                self._stale_quotes.cover(request, traces, outcomes)
         finally:
             if not judged and breakers is not None:
                 # The caller left, or a bug: nothing learned, but a probe must

@@ -28,6 +28,7 @@ from typing import Any, Final, Protocol
 
 import aiohttp
 import attrs
+from aiohttp import hdrs
 from aiohttp.http_exceptions import ContentLengthError, TransferEncodingError
 from yarl import URL
 
@@ -49,6 +50,7 @@ from quoteflow.models import (
     TRANSPORT_ERROR,
     AttemptRecord,
     Failure,
+    MovingDeadline,
     QuoteRequest,
     SupplierQuote,
     SupplierTrace,
@@ -100,11 +102,20 @@ class _AttemptResult:
 
 
 @attrs.frozen
+class _Answer:
+    """A 200 body with the answer's ``Cache-Control`` (only when the quote cache wants it)."""
+
+    body: bytes
+    cache_control: str | None
+    status: int = 200
+
+
+@attrs.frozen
 class _Call:
     url: URL
     request: QuoteRequest
     request_id: str
-    deadline: float
+    deadline: float | MovingDeadline
 
 
 def _record(
@@ -212,10 +223,13 @@ class SupplierClient:
         slots: OutboundLimiter | None = None,
         retry_budgets: Mapping[str, RetryLimiter] | None = None,
         attempts: AttemptListener | None = None,
+        keep_cache_control: bool = False,
     ) -> None:
         self._session = session
         self._listener = attempts
         self._settings = settings
+        self._keep_cache_control = keep_cache_control
+        """Carry each 200 answer's ``Cache-Control`` out on its quote, for the quote cache."""
         if slots is None:
             slots = OutboundSlots(settings.outbound_limit, catalogue.shares())
         self._slots = slots
@@ -272,9 +286,13 @@ class SupplierClient:
         trace: SupplierTrace,
         request: QuoteRequest,
         request_id: str,
-        deadline: float,
+        deadline: float | MovingDeadline,
     ) -> SupplierQuote | Failure:
-        """Ask ``trace.supplier`` for ``request``; the caller enforces ``deadline``."""
+        """Ask ``trace.supplier`` for ``request``; the caller enforces ``deadline``.
+
+        A ``MovingDeadline`` (a shared call's) is read afresh for each
+        attempt's ``X-Deadline-Remaining-Ms`` and each retry decision.
+        """
         state = self._suppliers[trace.supplier]
         call = _Call(state.url_for(request), request, request_id, deadline)
         state.retry_budget.first_attempt()
@@ -302,7 +320,7 @@ class SupplierClient:
         return Failure(trace.supplier, result.code)
 
     def _plan_retry(
-        self, state: _SupplierState, failed: _AttemptResult, deadline: float
+        self, state: _SupplierState, failed: _AttemptResult, deadline: float | MovingDeadline
     ) -> tuple[float, str | None]:
         """The backoff before a second attempt, or why there will be none."""
         backoff = random.uniform(*self._backoff)
@@ -356,6 +374,10 @@ class SupplierClient:
             state.attempt_time.observe(ended - started)  # it answered: a useful attempt's length
         if isinstance(fetched, bytes):
             fetched = self._decode(state, fetched, trace.supplier, call.request.sku)
+        elif isinstance(fetched, _Answer):
+            fetched = self._decode(
+                state, fetched.body, trace.supplier, call.request.sku, fetched.cache_control
+            )
         outcome = OK if fetched.quote is not None else fetched.code
         trace.attempts.append(
             _record(attempt, waiting_since, started, ended, outcome, fetched.status)
@@ -364,7 +386,7 @@ class SupplierClient:
 
     async def _fetch(
         self, state: _SupplierState, call: _Call, headers: Mapping[str, str]
-    ) -> bytes | _AttemptResult:
+    ) -> bytes | _Answer | _AttemptResult:
         """The body of a 200 answer, or the classified failure; the response is always released."""
         try:
             async with self._session.get(
@@ -381,7 +403,14 @@ class SupplierClient:
                         if retryable
                         else None,
                     )
-                return await self._read_body(response)
+                body = await self._read_body(response)
+                if self._keep_cache_control:
+                    # An answer that varies with the request's headers is never
+                    # reused: QuoteFlow's differ on every request (X-Request-ID).
+                    varies = hdrs.VARY in response.headers
+                    cache_control = None if varies else response.headers.get(hdrs.CACHE_CONTROL)
+                    return _Answer(body, cache_control)
+                return body
         except NEVER_RETRIED:
             return _AttemptResult(None, TRANSPORT_ERROR)
         except TRANSIENT_ERRORS:
@@ -398,7 +427,13 @@ class SupplierClient:
             return _AttemptResult(None, INVALID_DATA, status=200)
 
     @staticmethod
-    def _decode(state: _SupplierState, body: bytes, supplier: str, sku: str) -> _AttemptResult:
+    def _decode(
+        state: _SupplierState,
+        body: bytes,
+        supplier: str,
+        sku: str,
+        cache_control: str | None = None,
+    ) -> _AttemptResult:
         try:
             if state.adapter is None:
                 quote = decode_supplier_quote(body, supplier=supplier, sku=sku)
@@ -406,6 +441,8 @@ class SupplierClient:
                 quote = _adapted(state.adapter, body, supplier, sku)
         except InvalidSupplierData:
             return _AttemptResult(None, INVALID_DATA, status=200)
+        if cache_control is not None:
+            quote = attrs.evolve(quote, cache_control=cache_control)
         return _AttemptResult(quote, OK, status=200)
 
     async def _read_body(self, response: aiohttp.ClientResponse) -> bytes:

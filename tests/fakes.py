@@ -58,6 +58,17 @@ def quote(**overrides: Any) -> Responder:
     return respond
 
 
+def cacheable(cache_control: str, **headers: str) -> Responder:
+    """200 with the catalogue quote, ``Cache-Control: <cache_control>`` and ``headers``."""
+
+    async def respond(request: web.Request) -> web.StreamResponse:
+        supplier = request.match_info["supplier"]
+        body = payload(supplier, request.query["sku"])
+        return web.json_response(body, headers={"Cache-Control": cache_control, **headers})
+
+    return respond
+
+
 def status(code: int, body: bytes = b"", headers: dict[str, str] | None = None) -> Responder:
     """A bare answer with ``code``."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -195,3 +196,31 @@ def test_a_redis_password_never_reaches_the_log() -> None:
     assert done.returncode == 2
     assert "s3cret" not in done.stderr
     assert "redis://:***@127.0.0.1:1/0" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "problem"),
+    [
+        (["--cache-size", "-1"], {}, "cache_size"),
+        (["--cache-size", "lots"], {}, "--cache-size: 'lots' is not a valid int"),
+        (["--cache-size", "10000001"], {}, "cache_size"),
+        (["--cache-max-age", "0"], {}, "cache_max_age"),
+        ([], {"QUOTEFLOW_CACHE_MAX_AGE": "soon"}, "QUOTEFLOW_CACHE_MAX_AGE"),
+        ([], {"QUOTEFLOW_COALESCE": "maybe"}, "QUOTEFLOW_COALESCE: 'maybe'"),
+    ],
+)
+def test_bad_sharing_settings_are_refused(
+    argv: list[str], environ: dict[str, str], problem: str
+) -> None:
+    """A cache size, cap or coalescing switch QuoteFlow cannot use is one line naming it."""
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        parse_settings(argv, environ)
+
+
+def test_sharing_settings_from_flags_and_environment() -> None:
+    """``--coalesce`` is a bare switch; the cache's size and cap come from either source."""
+    settings = parse_settings(["--coalesce", "--cache-size", "500"], {})
+    assert (settings.coalesce, settings.cache_size, settings.cache_max_age) == (True, 500, 30.0)
+    environ = {"QUOTEFLOW_COALESCE": "0", "QUOTEFLOW_CACHE_MAX_AGE": "5"}
+    settings = parse_settings([], environ)
+    assert (settings.coalesce, settings.cache_size, settings.cache_max_age) == (False, 0, 5.0)

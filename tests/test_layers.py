@@ -27,6 +27,8 @@ LAYERS = [
     "apidoc",
     "hostmetrics",
     "observe",
+    "cache",
+    "coalesce",
     "service",
     "breaker",
     "supplier",

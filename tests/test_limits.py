@@ -11,7 +11,7 @@ from aiohttp import web
 from quoteflow.app import SUPPLIER_CLIENT
 from quoteflow.handlers import SERVICE
 from quoteflow.models import Failure, QuoteRequest, SupplierQuote, SupplierTrace
-from quoteflow.supplier import SupplierClient
+from quoteflow.service import SupplierGateway
 from tests.conftest import StartQuoteFlow
 from tests.fakes import FakeSuppliers, Responder, delay, quote, status
 from tests.test_decision_table import ask
@@ -148,7 +148,7 @@ def _quoteflow_tasks() -> list[asyncio.Task[Any]]:
 class _BuggyGateway:
     """Wraps the real client; boreal's call raises a bug after its real attempt."""
 
-    def __init__(self, client: SupplierClient) -> None:
+    def __init__(self, client: SupplierGateway) -> None:
         self._client = client
 
     async def quote(

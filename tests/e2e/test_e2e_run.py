@@ -74,6 +74,11 @@ async def start_pair(lab_port: int, port: int) -> tuple[Running, asyncio.Task[No
         str(lab_port),
         "--port",
         str(port),
+        # As `make run` starts it: with coalescing and the quote cache.
+        "--",
+        "--coalesce",
+        "--cache-size",
+        "1000",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         # Its own process group: the teardown can stop the lab and QuoteFlow
@@ -145,6 +150,8 @@ async def test_demo_shows_every_case_as_expected(running_pair: Running) -> None:
     assert demo.returncode == 0, text
     assert "cases behaved as the contract says" in text
     assert "scenario flaky" in text
+    for case in ("a joined call", "a joiner leaves", "a cached quote", "stale covers a 503"):
+        assert case in text
     running_pair.process.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(running_pair.process.wait(), 15) == 0
 

@@ -165,3 +165,13 @@ async def test_flaky_memory_is_bounded(start_lab: StartLab) -> None:
         assert (await ask(lab, "boreal", scenario="flaky", request_id=request_id))[0] == 503
     assert (await ask(lab, "boreal", scenario="flaky", request_id="c"))[0] == 200
     assert (await ask(lab, "boreal", scenario="flaky", request_id="a"))[0] == 503
+
+
+@pytest.mark.parametrize("supplier", SUPPLIERS)
+async def test_every_supplier_sells_the_fifty_hot_skus(lab: LabClient, supplier: str) -> None:
+    """HOT-01 … HOT-50, for the benchmark's hot section: a quote from everyone, HOT-51 none."""
+    for sku in ("HOT-01", "HOT-50"):
+        status, body = await ask(lab, supplier, sku)
+        assert status == 200
+        assert json.loads(body)["sku"] == sku
+    assert (await ask(lab, supplier, "HOT-51"))[0] == 404

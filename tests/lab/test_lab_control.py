@@ -72,6 +72,9 @@ async def remote_lab(aiohttp_client: AiohttpClient) -> TestClient[web.Request, w
         ("GET", "/latency"),
         ("PUT", "/latency"),
         ("GET", "/kinds"),
+        ("GET", "/cache-control"),
+        ("PUT", "/cache-control/boreal"),
+        ("DELETE", "/cache-control"),
         ("GET", "/no-such-path"),
     ],
 )
@@ -350,3 +353,45 @@ async def test_stats_can_be_limited_to_request_ids(lab: LabClient) -> None:
         {},
     )
     assert summary["per_supplier"]["atlas"] == 3
+
+
+# -- Cache-Control -----------------------------------------------------------------------
+
+
+async def test_cache_control_goes_on_every_answer_of_that_supplier(lab: LabClient) -> None:
+    """``PUT /cache-control/boreal`` puts the header on boreal's answers (errors too), no others."""
+    header = "max-age=5, stale-if-error=60"
+    assert await put_json(lab, "/cache-control/boreal", {"value": header}) == (
+        200,
+        {"supplier": "boreal", "value": header},
+    )
+    async with lab.get("/quotes/boreal", params={"sku": "KB-001"}) as response:
+        assert (response.status, response.headers["Cache-Control"]) == (200, header)
+    async with lab.get("/quotes/boreal", params={"sku": "KB-001", "scenario": "broken"}) as broken:
+        assert (broken.status, broken.headers["Cache-Control"]) == (503, header)
+    async with lab.get("/quotes/atlas", params={"sku": "KB-001"}) as other:
+        assert "Cache-Control" not in other.headers
+    async with lab.get("/cache-control") as listed:
+        assert await listed.json() == {"boreal": header}
+    async with lab.delete("/cache-control/boreal") as cleared:
+        assert cleared.status == 200
+    async with lab.get("/quotes/boreal", params={"sku": "KB-001"}) as response:
+        assert "Cache-Control" not in response.headers
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"value": ""}, {"value": "max-age=5\r\nSet-Cookie: x=1"}, {"value": 5}, {"ms": 5}, []],
+)
+async def test_invalid_cache_control_is_422(lab: LabClient, body: Any) -> None:
+    """Anything but ``{"value": <1-256 printable ASCII characters>}`` is refused: nothing forged."""
+    status, answer = await put_json(lab, "/cache-control/boreal", body)
+    assert (status, answer["error"]) == (422, "invalid_cache_control")
+    async with lab.get("/cache-control") as listed:
+        assert await listed.json() == {}
+
+
+async def test_cache_control_for_an_unknown_supplier_is_404(lab: LabClient) -> None:
+    """Only the lab's suppliers have answers to put a header on."""
+    status, answer = await put_json(lab, "/cache-control/nobody", {"value": "max-age=5"})
+    assert (status, answer["error"]) == (404, "unknown_supplier")

@@ -1,0 +1,44 @@
+"""The ``hot`` section's figures: goodput gains per block, and each target judged from them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench import hot
+
+
+def _run(contender: str, goodput: float, per_answer: float, slowest: float) -> dict[str, Any]:
+    return {
+        "contender": contender,
+        "goodput": goodput,
+        "rate_200": goodput,
+        "supplier_requests_per_answer": per_answer,
+        "cpu_ms_per_answer": 1.0,
+        "max_200_ms": slowest,
+        "max_elapsed_ms": slowest - 1,
+        "lab_max_active": 6,
+    }
+
+
+def test_targets_are_judged_from_each_blocks_ratio() -> None:
+    """Coalescing at 4 × and 0.2 per answer meets both targets; a late answer fails its row."""
+    order = hot.run_order(2)
+    assert order == [*hot.CONTENDERS, *reversed(hot.CONTENDERS)]
+    figures = {
+        hot.NEITHER: (10.0, 3.0, 500.0),
+        hot.COALESCE: (40.0, 0.2, 500.0),
+        hot.CACHE: (30.0, 0.5, 900.0),
+        hot.BOTH: (80.0, 0.1, 500.0),
+    }
+    section = {
+        "runs": [_run(name, *figures[name]) for name in order],
+        "still_answers": dict.fromkeys(hot.CONTENDERS, True),
+    }
+    summary = hot.summarize(section, budget_ms=800)
+    assert summary["gain"][hot.COALESCE] == {"median": 4.0, "min": 4.0, "max": 4.0, "n": 2}
+    met = {row["metric"]: row["met"] for row in hot.targets(summary, outbound=6)}
+    assert met["goodput (answers/s): --coalesce | neither"] is True
+    assert met["supplier requests per answer: --coalesce | neither"] is True
+    late = "slowest 200 (ms), as wrk saw it | QuoteFlow's elapsed_ms: cache"
+    assert met[late] is False
+    assert met["lab max_active, every run"] is True
