@@ -31,6 +31,9 @@ the trace and ``?explain=1`` always tell the same story.
 A request the sampler drops still carries its trace id to the suppliers
 (``traceparent`` with the sampled flag off, a fresh span id per attempt),
 but makes no span below the server's: sampling 1 % costs about what off does.
+Without a caller's trace it makes no span at all: its trace id is drawn
+first, and the sampler's rule for a root (which reads the trace id alone) is
+applied to it before the SDK is asked for anything.
 """
 
 from __future__ import annotations
@@ -56,6 +59,14 @@ from opentelemetry.sdk.trace.export import (
     ConsoleSpanExporter,
     SpanExporter,
 )
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
+)
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.semconv.attributes.http_attributes import (
     HTTP_REQUEST_METHOD,
@@ -65,7 +76,7 @@ from opentelemetry.semconv.attributes.http_attributes import (
 )
 from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
 from opentelemetry.semconv.attributes.url_attributes import URL_FULL, URL_PATH, URL_SCHEME
-from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from yarl import URL
 
@@ -120,15 +131,18 @@ leaving."""
 _NO_PARENT: Final = otel_context.Context()
 _PROPAGATOR: Final = TraceContextTextMapPropagator()
 """W3C Trace Context only, whatever ``OTEL_PROPAGATORS`` says: it is what suppliers read."""
+_ROOT_NOT_SAMPLED: Final = f"-{TraceFlags.RANDOM_TRACE_ID:02x}"
+"""The end of a dropped root's ``traceparent``: flags as the SDK sets them for its random ids."""
 
 
 @attrs.define
 class _Request:
     """The trace of one inbound request, as the seams below need it."""
 
-    span: Span
+    span: Span | None
+    """The server span, when it is recorded; None when the request is not sampled."""
     context: otel_context.Context | None
-    """The context of a recorded span's children; None when the request is not sampled."""
+    """The context of the recorded span's children; None when the request is not sampled."""
     trace_id: str
     """32 hex digits: for the bill and the log lines."""
     traceparent: tuple[str, str]
@@ -182,6 +196,49 @@ def _inject(headers: dict[str, str], context: SpanContext) -> None:
         headers["tracestate"] = context.trace_state.to_header()
 
 
+class _TraceIds(RandomIdGenerator):
+    """The SDK's random ids, except a root request's trace id, drawn before its span.
+
+    ``Tracing._root`` draws the id to decide the request's sampling; when it
+    is sampled, it hands the id over here, and the SDK's ``start_span`` that
+    follows at once (nothing can run in between) gives the span that very id.
+    """
+
+    def __init__(self) -> None:
+        self._drawn: int | None = None
+
+    def hand_over(self, trace_id: int) -> None:
+        """The next trace id the SDK asks for is ``trace_id``."""
+        self._drawn = trace_id
+
+    def generate_trace_id(self) -> int:
+        drawn, self._drawn = self._drawn, None
+        return super().generate_trace_id() if drawn is None else drawn
+
+
+def _sampling(config: TracingConfig) -> tuple[Sampler, int | None]:
+    """The SDK's sampler that ``config`` names, and its rule for a root span.
+
+    A root is sampled when its trace id's low 64 bits are below the bound
+    returned — ``TraceIdRatioBased``'s own rule, which ``always_off`` (bound
+    0) also follows; None when every root is sampled. The sampler is built
+    here from the checked settings, not left to the SDK to read again, so
+    the rule and the sampler cannot disagree.
+    """
+    name = config.sampler
+    root: Sampler
+    bound: int | None
+    if name.endswith("always_on"):
+        root, bound = ALWAYS_ON, None
+    elif name.endswith("always_off"):
+        root, bound = ALWAYS_OFF, 0
+    else:
+        assert config.ratio is not None, "a ratio sampler's ratio is checked at start-up"
+        ratio = TraceIdRatioBased(config.ratio)
+        root, bound = ratio, ratio.bound
+    return (ParentBased(root) if name.startswith("parentbased_") else root), bound
+
+
 def _wall_clock(now_ns: int, now: float, then: float) -> int:
     """``then`` (a ``time.monotonic()`` value of the bill) as epoch nanoseconds."""
     return now_ns - int((now - then) * 1e9)
@@ -200,6 +257,8 @@ class Tracing:
         self.provider: TracerProvider | None = None
         """Made at start-up (``running``): its batch processors start threads."""
         self._tracer: otel_trace.Tracer = otel_trace.NoOpTracer()
+        self._ids = _TraceIds()
+        self._sampler, self._root_bound = _sampling(config)
         self._log_filter = _TraceIdInLogs()
 
     # -- the app's lifetime ----------------------------------------------------
@@ -209,8 +268,13 @@ class Tracing:
 
         Log lines written while a request's span is current carry its trace id.
         """
-        # Sampler, OTEL_BSP_* and OTEL_EXPORTER_OTLP_*: the SDK reads its own variables.
-        provider = TracerProvider(resource=_resource(), shutdown_on_exit=False)
+        # OTEL_BSP_* and OTEL_EXPORTER_OTLP_*: the SDK reads its own variables.
+        provider = TracerProvider(
+            sampler=self._sampler,
+            resource=_resource(),
+            id_generator=self._ids,
+            shutdown_on_exit=False,
+        )
         for name in self.config.exporters:
             # Spans leave in batches from the processor's thread; its queue is
             # bounded (OTEL_BSP_MAX_QUEUE_SIZE): a collector that is down or
@@ -250,24 +314,11 @@ class Tracing:
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """A server span around every request, whatever answers it (refusals too)."""
         headers = request.headers
-        # Without a caller's trace, an empty context: the SDK then looks no
-        # further for a parent (OpenTelemetry's current context is not ours).
-        parent = _PROPAGATOR.extract(headers) if "traceparent" in headers else _NO_PARENT
-        # Named once it is known to be recorded (no built-in sampler reads the name).
-        span = self._tracer.start_span("HTTP", context=parent, kind=SpanKind.SERVER)
-        recording = span.is_recording()
-        context = span.get_span_context()
-        trace_id = f"{context.trace_id:032x}"
-        state = context.trace_state
-        token = _REQUEST.set(
-            _Request(
-                span,
-                otel_trace.set_span_in_context(span, parent) if recording else None,
-                trace_id,
-                (f"00-{trace_id}-", f"-{context.trace_flags:02x}"),
-                state.to_header() if state else None,
-            )
-        )
+        if "traceparent" in headers:
+            served = self._started(_PROPAGATOR.extract(headers))
+        else:
+            served = self._root()
+        token = _REQUEST.set(served)
         status: int | None = None
         try:
             response = await handler(request)
@@ -277,10 +328,45 @@ class Tracing:
             status = exc.status
             raise
         finally:
-            if recording:
-                self._describe_server_span(span, request, status)
-                span.end()
+            if served.span is not None:
+                self._describe_server_span(served.span, request, status)
+                served.span.end()
             _REQUEST.reset(token)
+
+    def _root(self) -> _Request:
+        """The trace of a request that brings none: sampled by its trace id, before any span."""
+        bound = self._root_bound
+        if bound is None:  # every root is sampled: nothing to decide first
+            return self._started(_NO_PARENT)
+        trace_id = self._ids.generate_trace_id()
+        if trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < bound:
+            self._ids.hand_over(trace_id)
+            return self._started(_NO_PARENT)
+        # Dropped: what the SDK's non-recording span would carry, without it —
+        # the flags say the id is random (W3C level 2) and not sampled, and a
+        # root has no tracestate. Its own span id would reach no one.
+        hex_id = f"{trace_id:032x}"
+        return _Request(None, None, hex_id, (f"00-{hex_id}-", _ROOT_NOT_SAMPLED), None)
+
+    def _started(self, parent: otel_context.Context) -> _Request:
+        """The trace of a request whose server span the SDK makes (and samples) under ``parent``.
+
+        ``parent`` holds the caller's span, or nothing: an empty context, so
+        the SDK looks no further (OpenTelemetry's current context is not ours).
+        """
+        # Named once it is known to be recorded (no built-in sampler reads the name).
+        span = self._tracer.start_span("HTTP", context=parent, kind=SpanKind.SERVER)
+        context = span.get_span_context()
+        trace_id = f"{context.trace_id:032x}"
+        state = context.trace_state
+        recorded = span.is_recording()
+        return _Request(
+            span if recorded else None,
+            otel_trace.set_span_in_context(span, parent) if recorded else None,
+            trace_id,
+            (f"00-{trace_id}-", f"-{context.trace_flags:02x}"),
+            state.to_header() if state else None,
+        )
 
     @staticmethod
     def _describe_server_span(span: Span, request: web.Request, status: int | None) -> None:
@@ -317,7 +403,7 @@ class Tracing:
     def circuit_open(self, supplier: str) -> None:
         """``supplier`` was not asked, its circuit being open: an event on the request's span."""
         served = _REQUEST.get(None)
-        if served is not None:
+        if served is not None and served.span is not None:
             served.span.add_event("circuit_open", {SUPPLIER: supplier})
 
     # -- supplier calls and their attempts ---------------------------------------
@@ -329,18 +415,19 @@ class Tracing:
 
     def sending(self, attempt: int, url: URL, headers: dict[str, str]) -> None:
         """An attempt is about to go out: start its span and name it in ``traceparent``."""
-        call = _CALL.get(None)
+        served = _REQUEST.get(None)
+        if served is None:
+            return
+        call = None if served.context is None else _CALL.get(None)
         if call is None:
             # Not sampled: pass the trace on, with a span id of the attempt's
             # own, and record nothing.
-            served = _REQUEST.get(None)
-            if served is not None:
-                before, after = served.traceparent
-                # As the SDK's id generator makes them (random, never all zeros).
-                span_id = random.getrandbits(64) or 1
-                headers["traceparent"] = f"{before}{span_id:016x}{after}"
-                if served.tracestate is not None:
-                    headers["tracestate"] = served.tracestate
+            before, after = served.traceparent
+            # As the SDK's id generator makes them (random, never all zeros).
+            span_id = random.getrandbits(64) or 1
+            headers["traceparent"] = f"{before}{span_id:016x}{after}"
+            if served.tracestate is not None:
+                headers["tracestate"] = served.tracestate
             return
         attributes: dict[str, Any] = {
             HTTP_REQUEST_METHOD: "GET",

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -20,6 +21,9 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Decision, TraceIdRatioBased
+from opentelemetry.trace import SpanKind
 from pytest_aiohttp import AiohttpClient, AiohttpServer
 
 from provider_lab.app import create_app as create_lab
@@ -27,7 +31,8 @@ from provider_lab.state import LabConfig
 from quoteflow.app import create_app
 from quoteflow.auth import ApiKeys
 from quoteflow.config import Settings
-from quoteflow.tracing import tracing_from_environ
+from quoteflow.spans import _sampling
+from quoteflow.tracing import SAMPLERS, tracing_from_environ
 from tests.conftest import TEST_BUDGET, TEST_CONNECT_TIMEOUT
 from tests.fakes import FakeSuppliers
 from tests.otlp import CLIENT, ERROR, INTERNAL, SERVER, Receiver
@@ -384,6 +389,83 @@ async def test_a_request_not_sampled_passes_its_trace_on_and_exports_nothing(
     await quote(client)  # a sampled one, flushed after the first
     await receiver.wait_for(lambda found: len(found) >= 7)
     assert INBOUND_TRACE not in {span.trace_id for span in receiver.spans}
+
+
+async def test_a_root_request_not_sampled_names_a_fresh_span_on_every_attempt(
+    start_traced: StartTraced, receiver: Receiver, lab: TestServer
+) -> None:
+    """No caller's trace, not sampled: a new trace id, a span id per attempt, the flag off."""
+    client = await start_traced(
+        {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}
+    )
+    body = await quote(client, "flaky")
+    trace_id = body["explain"]["trace_id"]
+    headers = [
+        h
+        for supplier in ("atlas", "boreal", "cedar")
+        for h in await lab_headers(lab, body["request_id"], supplier)
+    ]
+    assert len(headers) == 4
+    # The flags of the SDK's own dropped root: not sampled, the trace id random (W3C level 2).
+    dropped = TracerProvider(sampler=ALWAYS_OFF, shutdown_on_exit=False).get_tracer("t")
+    flags = dropped.start_span("HTTP").get_span_context().trace_flags
+    assert {h["traceparent"][-3:] for h in headers} == {f"-{flags:02x}"} == {"-02"}
+    seen = [span_id_of(h["traceparent"]) for h in headers]
+    assert {(trace, sampled) for trace, _, sampled in seen} == {(trace_id, False)}
+    assert len({span_id for _, span_id, _ in seen} - {"0" * 16}) == 4
+    assert all("tracestate" not in h for h in headers)
+    other = await quote(client)
+    assert other["explain"]["trace_id"] not in (trace_id, "0" * 32)
+    await asyncio.sleep(0.2)  # three flush periods: nothing was queued to leave
+    assert receiver.spans == []
+
+
+async def test_the_sampled_share_of_root_requests_follows_the_trace_id_rule(
+    start_traced: StartTraced, receiver: Receiver, suppliers: FakeSuppliers
+) -> None:
+    """Ratio 0.5: exactly the requests whose trace id is below the bound are traced, and say so."""
+    client = await start_traced(
+        {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"},
+        provider_url=suppliers.url,
+    )
+    bound = TraceIdRatioBased(0.5).bound
+    sampled: dict[str, bool] = {}
+    for _ in range(40):
+        body = await quote(client)
+        trace_id = body["explain"]["trace_id"]
+        sampled[trace_id] = int(trace_id, 16) & TraceIdRatioBased.TRACE_ID_LIMIT < bound
+        attempts = [r for r in suppliers.received if r.request_id == body["request_id"]]
+        assert len(attempts) == 3
+        for attempt in attempts:
+            assert span_id_of(attempt.headers["traceparent"])[::2] == (trace_id, sampled[trace_id])
+    assert 0 < sum(sampled.values()) < 40  # both sides: 40 coin flips, 2 in 10^12 to fail
+    traced = {trace for trace, is_sampled in sampled.items() if is_sampled}
+    await receiver.wait_for(lambda found: {s.trace_id for s in found} >= traced)
+    await asyncio.sleep(0.2)  # any straggler of a request not sampled would be in by now
+    assert {span.trace_id for span in receiver.spans} == traced
+    assert len(receiver.spans) == 7 * len(traced)  # the server, 3 supplier calls, 3 attempts
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_the_rule_applied_before_a_root_span_is_the_sdks_sampler(
+    monkeypatch: pytest.MonkeyPatch, sampler: str
+) -> None:
+    """For every sampler the SDK's variable can name: the sampler the SDK would build, and the
+    root rule QuoteFlow applies before making any span decides as that sampler does."""
+    env = {"OTEL_TRACES_SAMPLER": sampler, "OTEL_TRACES_SAMPLER_ARG": "0.3"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    config = tracing_from_environ({"OTEL_TRACES_EXPORTER": "console", **env})
+    assert config is not None
+    built, bound = _sampling(config)
+    from_environ = TracerProvider(shutdown_on_exit=False).sampler
+    assert built.get_description() == from_environ.get_description()
+    draws = random.Random(22)
+    for _ in range(2000):
+        trace_id = draws.getrandbits(128) or 1
+        decision = built.should_sample(None, trace_id, "HTTP", SpanKind.SERVER).decision
+        by_rule = bound is None or trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < bound
+        assert (decision is Decision.RECORD_AND_SAMPLE) == by_rule
 
 
 # -- a collector that is down or hangs ------------------------------------------------------
