@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import hot
+from bench import coalesce_model, hot
 
 
 def _run(contender: str, goodput: float, per_answer: float, slowest: float) -> dict[str, Any]:
@@ -42,3 +42,14 @@ def test_targets_are_judged_from_each_blocks_ratio() -> None:
     late = "slowest 200 (ms), as wrk saw it | QuoteFlow's elapsed_ms: cache"
     assert met[late] is False
     assert met["lab max_active, every run"] is True
+
+
+def test_the_idealised_coalescer_stays_near_a_quarter_per_supplier() -> None:
+    """The offline hot workload: ideal FIFO coalescing near 0.27 per supplier, 0.8 summed."""
+    fifo = coalesce_model.simulate("fifo", seeds=[1], seconds=5.0)[0]
+    assert 0.2 < fifo.per_supplier < 0.32
+    assert fifo.summed == fifo.per_supplier * 3
+    assert fifo.summed > 0.6  # a summed 0.3 is out of any in-flight coalescer's reach
+    assert fifo.timeouts < 0.05
+    without = coalesce_model.simulate("no-coalesce", seeds=[1], seconds=5.0)[0]
+    assert without.timeouts > 0.75  # 64 × 3 calls queue for 120 a second: the budget runs out
