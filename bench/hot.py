@@ -15,18 +15,32 @@ processes with the bench's limits, except that all 64 callers are admitted
 Driven in turn (A B C D, then mirrored for each further round), each run
 measures goodput (answers a second with every supplier's part and no
 failure: a 200 of circuit_open or timeout failures is no answer), supplier
-requests per answer (the lab's count ÷ those answers), the slowest 200, and
-the lab's ``max_active``.
+requests per answer (the lab's count ÷ those answers, per supplier and
+summed over the three), the slowest 200, and the lab's ``max_active``.
 
 Targets: coalescing's goodput ≥ 3 × neither's and ≤ 0.3 supplier requests
 per answer; every answer within the budget; ``max_active`` ≤ the outbound
-limit throughout.
+limit throughout; afterwards, each contender's HOT-01 answer with all three
+quotes again within its breakers' longest open time.
+
+"Supplier requests per answer" is judged **per supplier** (the lab's count
+for one supplier ÷ answers; the mean of the three): the issue's own words
+count per supplier ("QuoteFlow sends each supplier 64 identical
+requests"), and its two coalescing targets agree only so read — while the
+outbound slots are the bottleneck each supplier is sent a fixed number of
+calls a second, so goodput × requests per answer is constant and "≥ 3 × the
+goodput" is "≤ 1/3 of neither's 1.0 per supplier". Summed over three
+suppliers, 0.3 would need every supplier call to serve 10 answers; the
+offline model of this very workload with an idealised, zero-cost coalescer
+(``bench/coalesce_model.py``) reaches 0.27 per supplier and 0.81 summed. The
+summed figure is reported beside it.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +52,8 @@ from bench.report import Target, _fmt, _num
 from bench.stats import percentile, ratio, spread
 from bench.workloads import Workload
 from bench.wrk import run_wrk
+from quoteflow.config import Settings
+from quoteflow.options import parse_settings
 
 if TYPE_CHECKING:
     from bench.run import Bench
@@ -64,6 +80,8 @@ REQUESTS_TARGET = 0.3
 """Issue 21: at most 0.3 supplier requests per answered request with coalescing."""
 GRACE_MS = 20.0
 """An answer "within the budget": at most this late, as the contract's "a few ms"."""
+POLL_S = 0.2
+"""How often the check afterwards asks each contender for HOT-01 again."""
 
 
 def run_order(rounds: int) -> list[str]:
@@ -74,24 +92,36 @@ def run_order(rounds: int) -> list[str]:
     return order
 
 
-def start_quoteflow(bench: Bench, name: str, inbound: int) -> Service:
-    """One QuoteFlow process with the bench's limits but ``inbound``, and ``name``'s flags."""
+def quoteflow_argv(bench: Bench, name: str, inbound: int, port: int) -> list[str]:
+    """The flags of ``name``'s QuoteFlow: the bench's limits but ``inbound``, and its own."""
     limits = bench.limits
+    return [
+        *("--host", "127.0.0.1", "--port", str(port)),
+        *("--provider-url", bench.lab.url, "--budget", str(limits.budget_s)),
+        *("--inbound-limit", str(inbound)),
+        *("--outbound-limit", str(limits.outbound)),
+        *bench.options.quoteflow_args,
+        *FLAGS[name],
+    ]
+
+
+def start_quoteflow(bench: Bench, name: str, inbound: int) -> tuple[Service, Settings]:
+    """One QuoteFlow process for ``name``, and the settings it runs with.
+
+    The settings are parsed here exactly as the process parses them (the
+    same flags, the same environment), so that the check afterwards waits as
+    long as that process's breakers may really stay open.
+    """
     port = free_port()
-    return start(
+    argv = quoteflow_argv(bench, name, inbound, port)
+    service = start(
         f"hot-{name}",
-        [
-            *(sys.executable, "-m", "quoteflow", "--host", "127.0.0.1", "--port", str(port)),
-            *("--provider-url", bench.lab.url, "--budget", str(limits.budget_s)),
-            *("--inbound-limit", str(inbound)),
-            *("--outbound-limit", str(limits.outbound)),
-            *bench.options.quoteflow_args,
-            *FLAGS[name],
-        ],
+        [sys.executable, "-m", "quoteflow", *argv],
         port,
         bench.log_dir,
         cwd=Path(__file__).resolve().parent.parent,
     )
+    return service, parse_settings(argv, os.environ)
 
 
 def set_cache_control(bench: Bench, value: str | None) -> None:
@@ -127,7 +157,8 @@ def one_run(bench: Bench, service: Service, contender: str, index: int) -> dict[
     bench.settle()
     _, _, lab_stats = http("GET", bench.lab.url + "/stats?summary=1", timeout=30)
     complete = int(run.inspected.get("complete", 0))
-    lab_total = sum(lab_stats.get("per_supplier", {}).values())
+    per_supplier = {name: int(n) for name, n in lab_stats.get("per_supplier", {}).items()}
+    lab_total = sum(per_supplier.values())
     return {
         "contender": contender,
         "index": index,
@@ -141,7 +172,12 @@ def one_run(bench: Bench, service: Service, contender: str, index: int) -> dict[
         "max_200_ms": percentile(run.histograms.get(200, {}), 100),
         "max_elapsed_ms": run.inspected.get("elapsed_ms_max"),
         "supplier_requests": lab_total,
-        "supplier_requests_per_answer": lab_total / complete if complete else None,
+        "supplier_requests_by_supplier": per_supplier,
+        # Judged per supplier (the module's docstring says why); summed beside it.
+        "supplier_requests_per_answer": (
+            lab_total / len(SUPPLIERS) / complete if complete else None
+        ),
+        "supplier_requests_per_answer_summed": lab_total / complete if complete else None,
         "lab_max_active": lab_stats.get("max_active"),
         "cpu_ms_per_answer": 1000 * cpu / complete if complete else None,
     }
@@ -149,13 +185,68 @@ def one_run(bench: Bench, service: Service, contender: str, index: int) -> dict[
 
 def progress_line(run: dict[str, Any]) -> str:
     """One line per run, printed as it finishes."""
-    per = run["supplier_requests_per_answer"]
+    per, summed = run["supplier_requests_per_answer"], run["supplier_requests_per_answer_summed"]
     return (
         f"  hot      {run['contender']:<10}{run['goodput']:9.1f} answers/s "
-        f"({run['rate_200']:.1f} 200/s)  "
-        f"{'–' if per is None else f'{per:.3f}'} supplier requests per answer  "
-        f"slowest 200 {_num(run['max_200_ms'])} ms  lab max_active {run['lab_max_active']}"
+        f"({run['rate_200']:.1f} 200/s)  supplier requests per answer "
+        f"{'–' if per is None else f'{per:.3f}'} per supplier, "
+        f"{'–' if summed is None else f'{summed:.3f}'} summed  "
+        f"slowest 200 {_num(run['max_200_ms'])} ms "
+        f"(elapsed_ms {_num(run['max_elapsed_ms'])})  lab max_active {run['lab_max_active']}"
     )
+
+
+def recovery_bound_s(settings: Settings) -> float:
+    """How long a contender may take to answer fully again after the workload.
+
+    Its longest possible open circuit (``breaker_open_max``: open times are
+    jittered down, never past it), then one probe under the budget, and one
+    poll interval to notice.
+    """
+    return settings.breaker_open_max + settings.budget + POLL_S
+
+
+def wait_for_quotes(
+    services: dict[str, Service], ended: dict[str, float], bounds: dict[str, float]
+) -> dict[str, dict[str, Any]]:
+    """Ask each contender for HOT-01 every ``POLL_S`` until all 3 quotes come back.
+
+    Capacity must come back (no slot, task or probe leaked); a circuit the
+    workload opened is designed behaviour that ends after its open time, so
+    each contender gets up to ``bounds[name]`` seconds from the end of its
+    own last run (``ended``). Recorded per contender: the first answer's
+    quotes and failure codes (what it answered straight after the workload),
+    the seconds until the first full answer, and how many requests it took.
+    """
+    checks: dict[str, dict[str, Any]] = {}
+    pending = dict(services)
+    while pending:
+        for name, service in list(pending.items()):
+            status, _, body = http("POST", service.url + "/api/quotes", {"sku": "HOT-01"})
+            quotes = body.get("quotes", []) if isinstance(body, dict) else []
+            failures = body.get("failures", []) if isinstance(body, dict) else []
+            after_s = time.monotonic() - ended[name]
+            check = checks.setdefault(
+                name,
+                {
+                    "first": {
+                        "status": status,
+                        "quotes": len(quotes),
+                        "failures": {f["supplier"]: f["code"] for f in failures},
+                    },
+                    "bound_s": round(bounds[name], 3),
+                    "polls": 0,
+                },
+            )
+            check["polls"] += 1
+            full = status == 200 and len(quotes) == 3
+            if full or after_s > bounds[name]:
+                check["ok"] = full
+                check["after_s"] = round(after_s, 3) if full else None
+                del pending[name]
+        if pending:
+            time.sleep(POLL_S)
+    return checks
 
 
 def run_hot(bench: Bench) -> dict[str, Any]:
@@ -170,23 +261,31 @@ def run_hot(bench: Bench) -> dict[str, Any]:
         contenders=CONTENDERS,
     )
     services: dict[str, Service] = {}
+    bounds: dict[str, float] = {}
     runs: list[dict[str, Any]] = []
-    still: dict[str, bool] = {}
+    ended: dict[str, float] = {}
+    still: dict[str, dict[str, Any]] = {}
     try:
         for name in CONTENDERS:
-            services[name] = start_quoteflow(bench, name, INBOUND)
+            services[name], settings = start_quoteflow(bench, name, INBOUND)
+            bounds[name] = recovery_bound_s(settings)
         bench.set_latency(LATENCY_MS)
         set_cache_control(bench, CACHE_CONTROL)
         for index, contender in enumerate(run_order(workload.rounds)):
             record = one_run(bench, services[contender], contender, index)
+            ended[contender] = time.monotonic()
             print(progress_line(record), flush=True)
             runs.append(record)
         bench.set_latency(0)
-        bench.settle()
-        for name, service in services.items():
-            status, _, body = http("POST", service.url + "/api/quotes", {"sku": "HOT-01"})
-            quotes = body.get("quotes", []) if isinstance(body, dict) else []
-            still[name] = status == 200 and len(quotes) == 3
+        bench.settle()  # wrk's abandoned requests end first: the first answer is the breakers'
+        still = wait_for_quotes(services, ended, bounds)
+        for name, check in still.items():
+            print(
+                f"  hot      {name:<10}HOT-01 straight after: {check['first']}; all 3 quotes "
+                f"{'after ' + str(check['after_s']) + ' s' if check['ok'] else 'never'} "
+                f"(bound {check['bound_s']} s, {check['polls']} requests)",
+                flush=True,
+            )
     finally:
         set_cache_control(bench, None)
         for service in services.values():
@@ -211,6 +310,9 @@ def summarize(section: dict[str, Any], budget_ms: float) -> dict[str, Any]:
         "rate_200": {c: spread(r["rate_200"] for r in by[c]) for c in by},
         "supplier_requests_per_answer": {
             c: spread(r["supplier_requests_per_answer"] for r in by[c]) for c in by
+        },
+        "supplier_requests_per_answer_summed": {
+            c: spread(r["supplier_requests_per_answer_summed"] for r in by[c]) for c in by
         },
         "cpu_ms_per_answer": {c: spread(r["cpu_ms_per_answer"] for r in by[c]) for c in by},
         "gain": {c: spread(g) for c, g in gains.items()},
@@ -244,12 +346,21 @@ def targets(summary: dict[str, Any], outbound: int) -> list[dict[str, Any]]:
         ),
         Target(
             "hot",
-            "supplier requests per answer: --coalesce | neither",
+            "supplier requests per answer, per supplier: --coalesce | neither",
             _fmt(coalesce_per, 3),
             _fmt(per[NEITHER], 3),
             "",
-            f"≤ {REQUESTS_TARGET:g} (issue 21)",
+            f"≤ {REQUESTS_TARGET:g} (issue 21; the ideal coalescer: 0.27)",
             None if coalesce_per is None else coalesce_per["median"] <= REQUESTS_TARGET,
+        ),
+        Target(
+            "hot",
+            "supplier requests per answer, summed over the 3: --coalesce | neither",
+            _fmt(summary["supplier_requests_per_answer_summed"][COALESCE], 3),
+            _fmt(summary["supplier_requests_per_answer_summed"][NEITHER], 3),
+            "",
+            "(the ideal coalescer: 0.81)",
+            None,
         ),
     ]
     for name, label in ((CACHE, "--cache-size 1000"), (BOTH, "both")):
@@ -278,6 +389,8 @@ def targets(summary: dict[str, Any], outbound: int) -> list[dict[str, Any]]:
                 None if slowest is None else slowest <= budget + GRACE_MS,
             )
         )
+    still = summary["still_answers"]
+    bounds = ", ".join(sorted({f"{check['bound_s']:g}" for check in still.values()}))
     rows += [
         Target(
             "hot",
@@ -290,12 +403,18 @@ def targets(summary: dict[str, Any], outbound: int) -> list[dict[str, Any]]:
         ),
         Target(
             "hot",
-            "HOT-01's 3 quotes afterwards",
-            f"{sum(summary['still_answers'].values())}/{len(summary['still_answers'])}",
-            "",
-            "",
-            "all",
-            all(summary["still_answers"].values()),
+            "HOT-01's 3 quotes again afterwards (s after its last run) | straight after",
+            ", ".join(
+                f"{name} {'never' if check['after_s'] is None else check['after_s']}"
+                for name, check in still.items()
+            ),
+            ", ".join(
+                f"{name} {'/'.join(sorted(set(check['first']['failures'].values()))) or 'full'}"
+                for name, check in still.items()
+            ),
+            f"{sum(check['ok'] for check in still.values())}/{len(still)}",
+            f"all, each within its breakers' longest open time + a probe ({bounds} s)",
+            bool(still) and all(check["ok"] for check in still.values()),
         ),
     ]
     return [attrs.asdict(row) for row in rows]

@@ -13,6 +13,7 @@ def _run(contender: str, goodput: float, per_answer: float, slowest: float) -> d
         "goodput": goodput,
         "rate_200": goodput,
         "supplier_requests_per_answer": per_answer,
+        "supplier_requests_per_answer_summed": 3 * per_answer,
         "cpu_ms_per_answer": 1.0,
         "max_200_ms": slowest,
         "max_elapsed_ms": slowest - 1,
@@ -32,16 +33,57 @@ def test_targets_are_judged_from_each_blocks_ratio() -> None:
     }
     section = {
         "runs": [_run(name, *figures[name]) for name in order],
-        "still_answers": dict.fromkeys(hot.CONTENDERS, True),
+        "still_answers": {
+            name: {
+                "ok": True,
+                "after_s": 2.5 if name == hot.NEITHER else 0.01,
+                "first": {
+                    "status": 200,
+                    "quotes": 0 if name == hot.NEITHER else 3,
+                    "failures": {"atlas": "circuit_open"} if name == hot.NEITHER else {},
+                },
+                "bound_s": 11.0,
+                "polls": 12,
+            }
+            for name in hot.CONTENDERS
+        },
     }
     summary = hot.summarize(section, budget_ms=800)
     assert summary["gain"][hot.COALESCE] == {"median": 4.0, "min": 4.0, "max": 4.0, "n": 2}
-    met = {row["metric"]: row["met"] for row in hot.targets(summary, outbound=6)}
+    rows = {row["metric"]: row for row in hot.targets(summary, outbound=6)}
+    met = {metric: row["met"] for metric, row in rows.items()}
     assert met["goodput (answers/s): --coalesce | neither"] is True
-    assert met["supplier requests per answer: --coalesce | neither"] is True
+    assert met["supplier requests per answer, per supplier: --coalesce | neither"] is True
+    summed = rows["supplier requests per answer, summed over the 3: --coalesce | neither"]
+    assert (summed["quoteflow"], summed["met"]) == ("0.600", None)
+    again = rows["HOT-01's 3 quotes again afterwards (s after its last run) | straight after"]
+    assert again["met"] is True
+    assert again["quoteflow"].startswith("neither 2.5, coalesce 0.01")
+    assert again["bare"].startswith("neither circuit_open, coalesce full")
     late = "slowest 200 (ms), as wrk saw it | QuoteFlow's elapsed_ms: cache"
     assert met[late] is False
     assert met["lab max_active, every run"] is True
+
+
+def test_a_contender_that_never_answers_fully_again_fails_the_check() -> None:
+    """One contender past its bound without 3 quotes: the row afterwards is not met."""
+    section = {
+        "runs": [_run(name, 10.0, 1.0, 500.0) for name in hot.run_order(1)],
+        "still_answers": {
+            name: {
+                "ok": name != hot.CACHE,
+                "after_s": None if name == hot.CACHE else 0.0,
+                "first": {"status": 200, "quotes": 3, "failures": {}},
+                "bound_s": 11.0,
+                "polls": 1,
+            }
+            for name in hot.CONTENDERS
+        },
+    }
+    rows = hot.targets(hot.summarize(section, budget_ms=800), outbound=6)
+    (again,) = [row for row in rows if row["metric"].startswith("HOT-01")]
+    assert (again["met"], again["ratio"]) == (False, "3/4")
+    assert "cache never" in again["quoteflow"]
 
 
 def test_the_idealised_coalescer_stays_near_a_quarter_per_supplier() -> None:
