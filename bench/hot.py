@@ -109,8 +109,8 @@ def start_quoteflow(bench: Bench, name: str, inbound: int) -> tuple[Service, Set
     """One QuoteFlow process for ``name``, and the settings it runs with.
 
     The settings are parsed here exactly as the process parses them (the
-    same flags, the same environment), so that the check afterwards waits as
-    long as that process's breakers may really stay open.
+    same flags; ``start`` hands it no ``QUOTEFLOW_*`` variable), so that the
+    check afterwards waits as long as that process's breakers may stay open.
     """
     port = free_port()
     argv = quoteflow_argv(bench, name, inbound, port)
@@ -121,7 +121,7 @@ def start_quoteflow(bench: Bench, name: str, inbound: int) -> tuple[Service, Set
         bench.log_dir,
         cwd=Path(__file__).resolve().parent.parent,
     )
-    return service, parse_settings(argv, os.environ)
+    return service, parse_settings(argv, {})
 
 
 def set_cache_control(bench: Bench, value: str | None) -> None:
