@@ -206,47 +206,50 @@ def recovery_bound_s(settings: Settings) -> float:
     return settings.breaker_open_max + settings.budget + POLL_S
 
 
-def wait_for_quotes(
-    services: dict[str, Service], ended: dict[str, float], bounds: dict[str, float]
-) -> dict[str, dict[str, Any]]:
-    """Ask each contender for HOT-01 every ``POLL_S`` until all 3 quotes come back.
+def wait_for_quotes(service: Service, ended: float, bound_s: float) -> dict[str, Any]:
+    """Ask ``service`` for HOT-01 every ``POLL_S`` until all 3 quotes come back.
 
-    Capacity must come back (no slot, task or probe leaked); a circuit the
-    workload opened is designed behaviour that ends after its open time, so
-    each contender gets up to ``bounds[name]`` seconds from the end of its
-    own last run (``ended``). Recorded per contender: the first answer's
-    quotes and failure codes (what it answered straight after the workload),
-    the seconds until the first full answer, and how many requests it took.
+    Run straight after the contender's last run (the suppliers still 50 ms
+    away): capacity must come back (no slot, task or probe leaked), while a
+    circuit the workload opened is designed behaviour that ends after its
+    open time, so the contender has up to ``bound_s`` from ``ended``, the end
+    of that run. Recorded: the first answer's quotes and failure codes (what
+    it answered straight after the workload), the seconds until the first
+    full answer (None: none within the bound), and how many requests it took.
     """
-    checks: dict[str, dict[str, Any]] = {}
-    pending = dict(services)
-    while pending:
-        for name, service in list(pending.items()):
-            status, _, body = http("POST", service.url + "/api/quotes", {"sku": "HOT-01"})
-            quotes = body.get("quotes", []) if isinstance(body, dict) else []
-            failures = body.get("failures", []) if isinstance(body, dict) else []
-            after_s = time.monotonic() - ended[name]
-            check = checks.setdefault(
-                name,
-                {
-                    "first": {
-                        "status": status,
-                        "quotes": len(quotes),
-                        "failures": {f["supplier"]: f["code"] for f in failures},
-                    },
-                    "bound_s": round(bounds[name], 3),
-                    "polls": 0,
-                },
-            )
-            check["polls"] += 1
-            full = status == 200 and len(quotes) == 3
-            if full or after_s > bounds[name]:
-                check["ok"] = full
-                check["after_s"] = round(after_s, 3) if full else None
-                del pending[name]
-        if pending:
-            time.sleep(POLL_S)
-    return checks
+    polls = 0
+    first: dict[str, Any] | None = None
+    while True:
+        status, _, body = http("POST", service.url + "/api/quotes", {"sku": "HOT-01"})
+        polls += 1
+        quotes = body.get("quotes", []) if isinstance(body, dict) else []
+        failures = body.get("failures", []) if isinstance(body, dict) else []
+        after_s = time.monotonic() - ended
+        if first is None:
+            codes = {failure["supplier"]: failure["code"] for failure in failures}
+            first = {"status": status, "quotes": len(quotes), "failures": codes}
+        full = status == 200 and len(quotes) == 3
+        if full or after_s > bound_s:
+            return {
+                "ok": full,
+                "after_s": round(after_s, 3) if full else None,
+                "first": first,
+                "bound_s": round(bound_s, 3),
+                "polls": polls,
+            }
+        time.sleep(POLL_S)
+
+
+def check_line(name: str, check: dict[str, Any]) -> str:
+    """What the check after ``name``'s last run saw, printed as it finishes."""
+    first = check["first"]
+    straight = ", ".join(f"{s} {c}" for s, c in first["failures"].items()) or "no failure"
+    again = f"after {check['after_s']} s" if check["ok"] else "never"
+    return (
+        f"  hot      {name:<10}HOT-01 straight after its last run: {first['status']}, "
+        f"{first['quotes']} quotes, {straight}; all 3 quotes {again} "
+        f"(bound {check['bound_s']:g} s, {check['polls']} requests)"
+    )
 
 
 def run_hot(bench: Bench) -> dict[str, Any]:
@@ -263,7 +266,6 @@ def run_hot(bench: Bench) -> dict[str, Any]:
     services: dict[str, Service] = {}
     bounds: dict[str, float] = {}
     runs: list[dict[str, Any]] = []
-    ended: dict[str, float] = {}
     still: dict[str, dict[str, Any]] = {}
     try:
         for name in CONTENDERS:
@@ -271,25 +273,23 @@ def run_hot(bench: Bench) -> dict[str, Any]:
             bounds[name] = recovery_bound_s(settings)
         bench.set_latency(LATENCY_MS)
         set_cache_control(bench, CACHE_CONTROL)
-        for index, contender in enumerate(run_order(workload.rounds)):
+        order = run_order(workload.rounds)
+        last = {contender: index for index, contender in enumerate(order)}
+        for index, contender in enumerate(order):
             record = one_run(bench, services[contender], contender, index)
-            ended[contender] = time.monotonic()
             print(progress_line(record), flush=True)
             runs.append(record)
+            if last[contender] == index:
+                # Straight after its own last run, while its breakers may still be open.
+                check = wait_for_quotes(services[contender], time.monotonic(), bounds[contender])
+                print(check_line(contender, check), flush=True)
+                still[contender] = check
         bench.set_latency(0)
-        bench.settle()  # wrk's abandoned requests end first: the first answer is the breakers'
-        still = wait_for_quotes(services, ended, bounds)
-        for name, check in still.items():
-            print(
-                f"  hot      {name:<10}HOT-01 straight after: {check['first']}; all 3 quotes "
-                f"{'after ' + str(check['after_s']) + ' s' if check['ok'] else 'never'} "
-                f"(bound {check['bound_s']} s, {check['polls']} requests)",
-                flush=True,
-            )
     finally:
         set_cache_control(bench, None)
         for service in services.values():
             stop(service)
+    still = {name: still[name] for name in CONTENDERS if name in still}
     return {"workload": attrs.asdict(workload), "runs": runs, "still_answers": still}
 
 
