@@ -471,14 +471,6 @@ def _supplier_session(
             app[SUPPLIER_CLIENT] = client
             app[handlers.SERVICE] = service
             telemetry.watch(inbound=lambda: service.in_flight, outbound=lambda: client.in_flight)
-            late = PlainGauge(
-                "quoteflow_deadline_late_seconds",
-                "How late cut-off fan-outs lately came back after their deadline: "
-                "each fan-out now stops this much earlier.",
-                host_mode="livemax",  # each worker has its own loop: the host shows the worst
-            )
-            late.readers[()] = lambda: service.late_by
-            telemetry.add(late)
             roster.wire(
                 client,
                 service,

@@ -17,14 +17,6 @@ a supplier whose circuit is open is not called at all (``circuit_open``), and
 every call's outcome is reported back to its breaker afterwards. With the
 quote cache on, a stale quote may then stand in for a failure (``cache.py``).
 
-The deadline's timer fires on the event loop, which may be late: with many
-requests in flight one loop turn runs the work of dozens, and a cancelled
-fan-out takes several turns to unwind (the timer, the TaskGroup, each
-supplier task, back to the request). So the service measures how long after
-its deadline a cut-off fan-out really came back, and stops later fan-outs
-that much earlier (``late_by``): an answer still leaves within the budget
-when the loop runs late, and nothing changes while it runs on time.
-
 Which suppliers are asked, and their breakers, come from the catalogue as a
 ``Lineup`` handed in by the app. A reload hands in a new one (``use``); each
 request reads it once when it starts and keeps it to the end.
@@ -36,7 +28,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from typing import Final, Protocol
+from typing import Protocol
 
 import attrs
 
@@ -100,14 +92,6 @@ class Lineup:
     """None: every supplier is asked on every request (no supplier has a breaker)."""
 
 
-LATE_BY_CAP: Final = 0.25
-"""The largest part of the budget the loop's measured lateness may take from each fan-out."""
-
-LATE_BY_HALF_LIFE: Final = 1.0
-"""Seconds in which a lateness measured once counts for half as much: ``late_by`` is about
-the worst of the last second or two."""
-
-
 class QuoteService:
     """One per process: every request shares its admission counter and gateway."""
 
@@ -132,10 +116,6 @@ class QuoteService:
         self._budget = budget
         self._inbound_limit = inbound_limit
         self._answer_reserve = answer_reserve
-        self._late_by_cap = budget * LATE_BY_CAP
-        self.late_by = 0.0
-        self._late_at = 0.0
-        """How late cut-off fan-outs lately came back (s): the next ones stop this much earlier."""
         self.in_flight = 0
         """Requests admitted and not yet answered."""
 
@@ -177,9 +157,8 @@ class QuoteService:
         ``caller``: the name of who asked, carried into the bill and the log.
         """
         # The fan-out stops a little before the budget ends, so that ranking,
-        # encoding and sending the answer fit inside it too, and earlier by
-        # as much as the loop has lately been late in coming back from it.
-        deadline = admitted_at + self._budget - self._answer_reserve - self.late_by
+        # encoding and sending the answer fit inside it too.
+        deadline = admitted_at + self._budget - self._answer_reserve
         lineup = self.lineup
         breakers = lineup.breakers
         traces = tuple(SupplierTrace(supplier) for supplier in lineup.suppliers)
@@ -209,7 +188,6 @@ class QuoteService:
             except TimeoutError:
                 if not scope.expired():
                     raise
-                self._came_back(time.monotonic(), deadline)
             # A supplier call either finished or was cancelled by the deadline: a
             # bug in one would have left the TaskGroup as an exception, not here.
             for trace, permit, task in asked:
@@ -239,20 +217,6 @@ class QuoteService:
             traces=traces,
             caller=caller,
         )
-
-    def _came_back(self, now: float, deadline: float) -> None:
-        """A fan-out cut off at ``deadline`` came back at ``now``: learn how late the loop is.
-
-        ``late_by`` is the worst lateness lately seen: each measure counts in
-        full at once, then for half as much every ``LATE_BY_HALF_LIFE``
-        seconds (a deadline bounds the slowest answer, not the usual one);
-        never below 0 nor above a quarter of the budget. Measured only on
-        this path: a request that never meets its deadline pays nothing.
-        """
-        late = min(max(now - deadline, 0.0), self._late_by_cap)
-        held = self.late_by * 0.5 ** ((now - self._late_at) / LATE_BY_HALF_LIFE)
-        self.late_by = max(late, held)
-        self._late_at = now
 
 
 def _permit(breakers: Breakers | None, supplier: str) -> Permit:
