@@ -26,7 +26,7 @@ call and, while the slots are the bottleneck, as long as its calls queue:
 with D distinct SKUs waiting per supplier, about D ÷ C. Coalescing can lower
 the figure only by making the queue shorter, and the queue is as long as the
 number of distinct SKUs the 64 callers wait for at once — which the Zipf
-tail keeps at about 25–30 of the 50. Summed over the three suppliers the
+tail keeps at about 24 of the 50 (``queued`` ÷ 3). Summed over the three suppliers the
 figure is three times as large: a summed 0.3 would need 10 answers per call
 to every supplier.
 
