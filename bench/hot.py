@@ -206,8 +206,8 @@ def recovery_bound_s(settings: Settings) -> float:
     return settings.breaker_open_max + settings.budget + POLL_S
 
 
-def wait_for_quotes(service: Service, ended: float, bound_s: float) -> dict[str, Any]:
-    """Ask ``service`` for HOT-01 every ``POLL_S`` until all 3 quotes come back.
+def wait_for_quotes(url: str, ended: float, bound_s: float) -> dict[str, Any]:
+    """Ask the QuoteFlow at ``url`` for HOT-01 every ``POLL_S`` until all 3 quotes come back.
 
     Run straight after the contender's last run (the suppliers still 50 ms
     away): capacity must come back (no slot, task or probe leaked), while a
@@ -220,7 +220,7 @@ def wait_for_quotes(service: Service, ended: float, bound_s: float) -> dict[str,
     polls = 0
     first: dict[str, Any] | None = None
     while True:
-        status, _, body = http("POST", service.url + "/api/quotes", {"sku": "HOT-01"})
+        status, _, body = http("POST", url + "/api/quotes", {"sku": "HOT-01"})
         polls += 1
         quotes = body.get("quotes", []) if isinstance(body, dict) else []
         failures = body.get("failures", []) if isinstance(body, dict) else []
@@ -281,7 +281,9 @@ def run_hot(bench: Bench) -> dict[str, Any]:
             runs.append(record)
             if last[contender] == index:
                 # Straight after its own last run, while its breakers may still be open.
-                check = wait_for_quotes(services[contender], time.monotonic(), bounds[contender])
+                check = wait_for_quotes(
+                    services[contender].url, time.monotonic(), bounds[contender]
+                )
                 print(check_line(contender, check), flush=True)
                 still[contender] = check
         bench.set_latency(0)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
+
+from aiohttp import web
 
 from bench import coalesce_model, hot
 
@@ -95,3 +99,45 @@ def test_the_idealised_coalescer_stays_near_a_quarter_per_supplier() -> None:
     assert fifo.timeouts < 0.05
     without = coalesce_model.simulate("no-coalesce", seeds=[1], seconds=5.0)[0]
     assert without.timeouts > 0.75  # 64 × 3 calls queue for 120 a second: the budget runs out
+
+
+def _answers(*bodies: dict[str, Any]) -> web.Application:
+    """A stand-in QuoteFlow on a real socket: ``bodies`` in turn, the last one for ever."""
+    queue = list(bodies)
+
+    async def quotes(request: web.Request) -> web.Response:
+        return web.json_response(queue.pop(0) if len(queue) > 1 else queue[0])
+
+    app = web.Application()
+    app.router.add_post("/api/quotes", quotes)
+    return app
+
+
+OPEN = {
+    "quotes": [{"supplier": "atlas"}],
+    "failures": [{"supplier": "boreal", "code": "circuit_open"}],
+}
+FULL = {"quotes": [{"supplier": s} for s in ("atlas", "boreal", "cedar")], "failures": []}
+
+
+async def test_the_check_afterwards_waits_for_an_open_circuit(aiohttp_server: Any) -> None:
+    """Two circuit_open answers, then a full one: met, the first answer recorded, 3 requests."""
+    server = await aiohttp_server(_answers(OPEN, OPEN, FULL))
+    started = time.monotonic()
+    check = await asyncio.to_thread(
+        hot.wait_for_quotes, str(server.make_url("")).rstrip("/"), started, 5.0
+    )
+    assert check["ok"] is True
+    assert check["polls"] == 3
+    assert check["first"] == {"status": 200, "quotes": 1, "failures": {"boreal": "circuit_open"}}
+    assert 2 * hot.POLL_S <= check["after_s"] < 5.0
+
+
+async def test_the_check_afterwards_gives_up_at_its_bound(aiohttp_server: Any) -> None:
+    """A contender that never answers fully again fails once its bound has passed."""
+    server = await aiohttp_server(_answers(OPEN))
+    check = await asyncio.to_thread(
+        hot.wait_for_quotes, str(server.make_url("")).rstrip("/"), time.monotonic(), 0.5
+    )
+    assert (check["ok"], check["after_s"]) == (False, None)
+    assert check["polls"] >= 3
