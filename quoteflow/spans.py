@@ -1,4 +1,4 @@
-"""OpenTelemetry spans of a request, its supplier calls and their attempts.
+r"""OpenTelemetry spans of a request, its supplier calls and their attempts.
 
 Imported only when tracing is on (``tracing.py`` decides, ``app.py`` wires
 this in): with tracing off nothing here is loaded, and no request pays for it.
@@ -6,7 +6,7 @@ this in): with tracing off nothing here is loaded, and no request pays for it.
 One trace per inbound request, continuing the caller's when it sends a
 W3C ``traceparent``::
 
-    POST /api/quotes        server    http.*, quoteflow.request_id
+    POST /api/quotes        server    http.*, quoteflow.request_id, quoteflow.caller
     ├── supplier atlas      internal  quoteflow.supplier, .outcome, .stopped, .attempts
     │   └── GET             client    url.full, http.response.status_code,
     │                                 quoteflow.attempt, .outcome, .slot_wait_ms
@@ -19,21 +19,28 @@ W3C ``traceparent``::
 Each attempt sends ``traceparent`` naming its own span, so a supplier's
 trace hangs under the very attempt that reached it.
 
-The three kinds of span come from three seams, each wired at start-up:
-``middleware`` (outermost, so it sees every answer, refusals included),
-``gateway`` (wraps the supplier client, as ``service.SupplierGateway``) and
-``sending`` (``supplier.AttemptListener``: called as an attempt's headers are
-made). An attempt's span starts there, before the request goes out (its id
-is in the header), and ends from the budget bill: its ``AttemptRecord``
-already holds the slot wait, the status, the outcome and when it ended, so
-the trace and ``?explain=1`` always tell the same story.
+Three seams see a request, each wired at start-up: ``middleware``
+(outermost, so it sees every answer, refusals included), ``gateway`` (wraps
+the supplier client, as ``service.SupplierGateway``) and ``sending``
+(``supplier.AttemptListener``: called as an attempt's headers are made).
 
-A request the sampler drops still carries its trace id to the suppliers
-(``traceparent`` with the sampled flag off, a fresh span id per attempt),
-but makes no span below the server's: sampling 1 % costs about what off does.
-Without a caller's trace it makes no span at all: its trace id is drawn
-first, and the sampler's rule for a root (which reads the trace id alone) is
-applied to it before the SDK is asked for anything.
+**The sampling decision comes first, and costs a request the sampler drops
+almost nothing.** Its trace id (and, for a root, the sampler's rule for a
+root, which reads the trace id alone) is settled as the request arrives,
+before the SDK is asked for anything; a dropped request only passes its
+trace on (``traceparent`` with the sampled flag off, a fresh span id per
+attempt) and makes no span at all.
+
+**A sampled request's spans are made in one go, from the bill, as it ends.**
+While it runs, a sampled request only notes what the bill does not hold:
+when each supplier call began and ended, and the span id each attempt sent
+in its ``traceparent``. Its ``AttemptRecord``\ s already hold the slot wait,
+the status, the outcome and when each attempt ended, so the trace and
+``?explain=1`` always tell the same story. All its spans are then started
+and ended with those times, one after the other, through the SDK's own
+tracer (its sampler, span limits and batch processor): the SDK's span code
+runs in one burst instead of scattered over the request (docs/benchmark.md,
+Tracing: what that saves).
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from typing import Any, Final
 import attrs
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from multidict import CIMultiDictProxy
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
@@ -63,6 +71,7 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
     ALWAYS_ON,
+    Decision,
     ParentBased,
     Sampler,
     TraceIdRatioBased,
@@ -76,11 +85,11 @@ from opentelemetry.semconv.attributes.http_attributes import (
 )
 from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
 from opentelemetry.semconv.attributes.url_attributes import URL_FULL, URL_PATH, URL_SCHEME
-from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from yarl import URL
 
-from quoteflow.handlers import REQUEST_ID
+from quoteflow.handlers import CALLER, REQUEST_ID
 from quoteflow.logs import log_event
 from quoteflow.models import (
     OK,
@@ -90,6 +99,7 @@ from quoteflow.models import (
     STOPPED_RETRY_AFTER,
     STOPPED_RETRY_BUDGET,
     TIMEOUT,
+    AttemptRecord,
     Failure,
     QuoteRequest,
     SupplierQuote,
@@ -131,42 +141,75 @@ leaving."""
 _NO_PARENT: Final = otel_context.Context()
 _PROPAGATOR: Final = TraceContextTextMapPropagator()
 """W3C Trace Context only, whatever ``OTEL_PROPAGATORS`` says: it is what suppliers read."""
-_ROOT_NOT_SAMPLED: Final = f"-{TraceFlags.RANDOM_TRACE_ID:02x}"
-"""The end of a dropped root's ``traceparent``: flags as the SDK sets them for its random ids."""
+_SAMPLED: Final = int(TraceFlags.SAMPLED)
+_RANDOM: Final = int(TraceFlags.RANDOM_TRACE_ID)
+"""The flag the SDK sets for its random trace ids (W3C level 2); our roots' ids are as random."""
+_SAMPLED_ROOT: Final = f"-{_SAMPLED | _RANDOM:02x}"
+_DROPPED_ROOT: Final = f"-{_RANDOM:02x}"
+
+
+@attrs.define
+class _Attempt:
+    """An attempt of a sampled request, as it was sent: its span is made once it is billed."""
+
+    attempt: int
+    span_id: int
+    url: URL
+
+
+@attrs.define
+class _Call:
+    """One supplier call of a sampled request: what the bill does not hold."""
+
+    trace: SupplierTrace
+    """The call's bill: its attempts, and why it stopped."""
+    deadline: float
+    started: float
+    """``time.monotonic()`` values, as the bill's."""
+    ended: float | None = None
+    outcome: SupplierQuote | Failure | None = None
+    """None: cancelled (the deadline, or the caller leaving), or a bug of ours."""
+    error: Exception | None = None
+    """A bug of ours, which propagates (500): on the span too."""
+    sent: list[_Attempt] = attrs.Factory(list)
+
+
+@attrs.define
+class _Sampled:
+    """What a sampled request's spans are made of when it ends."""
+
+    parent: otel_context.Context
+    """The caller's span, or an empty context for a root."""
+    root_trace_id: int | None
+    """A root's trace id, drawn before its span was; None when the caller's trace continues."""
+    started: float
+    calls: list[_Call] = attrs.Factory(list)
+    circuit_open: list[tuple[str, float]] = attrs.Factory(list)
+    """Suppliers not asked, their circuit being open, and when."""
 
 
 @attrs.define
 class _Request:
     """The trace of one inbound request, as the seams below need it."""
 
-    span: Span | None
-    """The server span, when it is recorded; None when the request is not sampled."""
-    context: otel_context.Context | None
-    """The context of the recorded span's children; None when the request is not sampled."""
     trace_id: str
     """32 hex digits: for the bill and the log lines."""
-    traceparent: tuple[str, str]
-    """``traceparent`` before and after the span id: an unsampled attempt's header, ready."""
+    traceparent: str
+    """``00-<trace id>-``: each attempt adds its span id, then ``flags``."""
+    flags: str
+    """``-01`` sampled, ``-00`` not, the random flag (``02``) added as the SDK would."""
     tracestate: str | None
-
-
-@attrs.define
-class _SupplierCall:
-    """One traced supplier call: its span and the spans of the attempts sent so far."""
-
-    span: Span
-    context: otel_context.Context
-    attempts: list[tuple[int, Span]] = attrs.Factory(list)
+    sampled: _Sampled | None
+    """None: the sampler dropped it; nothing is recorded."""
 
 
 # The request's trace lives in context variables of ours, not in OpenTelemetry's
 # current context: nothing else in QuoteFlow reads that one, and reading ours is
-# a single lookup where the API's takes several calls — for every request the
-# sampler drops, that was most of what tracing cost (docs/benchmark.md).
+# a single lookup where the API's takes several calls.
 _REQUEST: contextvars.ContextVar[_Request] = contextvars.ContextVar("quoteflow_request_trace")
 """The request being served (supplier calls run in tasks that inherit it)."""
-_CALL: contextvars.ContextVar[_SupplierCall] = contextvars.ContextVar("quoteflow_supplier_call")
-"""The supplier call being traced in this task (each supplier call runs in a task of its own)."""
+_CALL: contextvars.ContextVar[_Call] = contextvars.ContextVar("quoteflow_supplier_call")
+"""The sampled supplier call of this task (each supplier call runs in a task of its own)."""
 
 
 def _exporter(name: str) -> SpanExporter:
@@ -187,33 +230,41 @@ def _resource() -> Resource:
     return resource
 
 
-def _inject(headers: dict[str, str], context: SpanContext) -> None:
-    """Name the span of ``context`` in ``headers`` (W3C Trace Context, version 00)."""
-    headers["traceparent"] = (
-        f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
-    )
-    if context.trace_state:
-        headers["tracestate"] = context.trace_state.to_header()
+def _hex_id(span_id: int) -> str:
+    """16 hex digits (``to_bytes().hex()``: a fifth of what an f-string format costs)."""
+    return span_id.to_bytes(8, "big").hex()
 
 
-class _TraceIds(RandomIdGenerator):
-    """The SDK's random ids, except a root request's trace id, drawn before its span.
+def _span_id() -> int:
+    """A span id as the SDK's generator makes them: random, never all zeros."""
+    return random.getrandbits(64) or 1
 
-    ``Tracing._root`` draws the id to decide the request's sampling; when it
-    is sampled, it hands the id over here, and the SDK's ``start_span`` that
-    follows at once (nothing can run in between) gives the span that very id.
+
+class _Ids(RandomIdGenerator):
+    """The SDK's random ids, except those drawn before their span was made.
+
+    A root request's trace id is drawn as it arrives (its sampling is decided
+    by it), and an attempt's span id as the attempt is sent (it is in the
+    ``traceparent``). When the request's spans are made, each such id is
+    handed over here just before the SDK's ``start_span`` that asks for it
+    (nothing can run in between), and that span gets that very id.
     """
 
     def __init__(self) -> None:
-        self._drawn: int | None = None
+        self._trace_id: int | None = None
+        self._span_id: int | None = None
 
-    def hand_over(self, trace_id: int) -> None:
-        """The next trace id the SDK asks for is ``trace_id``."""
-        self._drawn = trace_id
+    def hand_over(self, *, trace_id: int | None = None, span_id: int | None = None) -> None:
+        """The next trace id and span id the SDK asks for."""
+        self._trace_id, self._span_id = trace_id, span_id
 
     def generate_trace_id(self) -> int:
-        drawn, self._drawn = self._drawn, None
+        drawn, self._trace_id = self._trace_id, None
         return super().generate_trace_id() if drawn is None else drawn
+
+    def generate_span_id(self) -> int:
+        drawn, self._span_id = self._span_id, None
+        return super().generate_span_id() if drawn is None else drawn
 
 
 def _sampling(config: TracingConfig) -> tuple[Sampler, int | None]:
@@ -239,9 +290,14 @@ def _sampling(config: TracingConfig) -> tuple[Sampler, int | None]:
     return (ParentBased(root) if name.startswith("parentbased_") else root), bound
 
 
-def _wall_clock(now_ns: int, now: float, then: float) -> int:
-    """``then`` (a ``time.monotonic()`` value of the bill) as epoch nanoseconds."""
-    return now_ns - int((now - then) * 1e9)
+class _Clock:
+    """``time.monotonic()`` values of the bill as epoch nanoseconds, from one reading of both."""
+
+    def __init__(self) -> None:
+        self.now_ns, self.now = time.time_ns(), time.monotonic()
+
+    def __call__(self, then: float) -> int:
+        return self.now_ns - int((self.now - then) * 1e9)
 
 
 class Tracing:
@@ -257,7 +313,7 @@ class Tracing:
         self.provider: TracerProvider | None = None
         """Made at start-up (``running``): its batch processors start threads."""
         self._tracer: otel_trace.Tracer = otel_trace.NoOpTracer()
-        self._ids = _TraceIds()
+        self._ids = _Ids()
         self._sampler, self._root_bound = _sampling(config)
         self._log_filter = _TraceIdInLogs()
 
@@ -266,7 +322,7 @@ class Tracing:
     async def running(self, app: web.Application) -> AsyncIterator[None]:
         """``cleanup_ctx``: spans from start-up on, the last ones flushed at shutdown.
 
-        Log lines written while a request's span is current carry its trace id.
+        Log lines written while a request is served carry its trace id.
         """
         # OTEL_BSP_* and OTEL_EXPORTER_OTLP_*: the SDK reads its own variables.
         provider = TracerProvider(
@@ -308,16 +364,13 @@ class Tracing:
                 {"waited_s": self.config.flush_timeout},
             )
 
-    # -- the server span -------------------------------------------------------
+    # -- the request -------------------------------------------------------------
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """A server span around every request, whatever answers it (refusals too)."""
+        """Every request's trace: decided as it arrives, its spans made as it ends."""
         headers = request.headers
-        if "traceparent" in headers:
-            served = self._started(_PROPAGATOR.extract(headers))
-        else:
-            served = self._root()
+        served = self._continued(headers) if "traceparent" in headers else self._root()
         token = _REQUEST.set(served)
         status: int | None = None
         try:
@@ -328,72 +381,41 @@ class Tracing:
             status = exc.status
             raise
         finally:
-            if served.span is not None:
-                self._describe_server_span(served.span, request, status)
-                served.span.end()
             _REQUEST.reset(token)
+            if served.sampled is not None:
+                self._record(served.sampled, request, status)
 
     def _root(self) -> _Request:
-        """The trace of a request that brings none: sampled by its trace id, before any span."""
+        """The trace of a request that brings none: sampled by its trace id's rule, no SDK call."""
+        trace_id = random.getrandbits(128)
+        while not trace_id:  # all zeros is no trace id (as the SDK's generator draws)
+            trace_id = random.getrandbits(128)
+        hexed = trace_id.to_bytes(16, "big").hex()
         bound = self._root_bound
-        if bound is None:  # every root is sampled: nothing to decide first
-            return self._started(_NO_PARENT)
-        trace_id = self._ids.generate_trace_id()
-        if trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < bound:
-            self._ids.hand_over(trace_id)
-            return self._started(_NO_PARENT)
-        # Dropped: what the SDK's non-recording span would carry, without it —
-        # the flags say the id is random (W3C level 2) and not sampled, and a
-        # root has no tracestate. Its own span id would reach no one.
-        hex_id = f"{trace_id:032x}"
-        return _Request(None, None, hex_id, (f"00-{hex_id}-", _ROOT_NOT_SAMPLED), None)
+        if bound is not None and trace_id & TraceIdRatioBased.TRACE_ID_LIMIT >= bound:
+            return _Request(hexed, f"00-{hexed}-", _DROPPED_ROOT, None, None)
+        sampled = _Sampled(_NO_PARENT, trace_id, time.monotonic())
+        return _Request(hexed, f"00-{hexed}-", _SAMPLED_ROOT, None, sampled)
 
-    def _started(self, parent: otel_context.Context) -> _Request:
-        """The trace of a request whose server span the SDK makes (and samples) under ``parent``.
-
-        ``parent`` holds the caller's span, or nothing: an empty context, so
-        the SDK looks no further (OpenTelemetry's current context is not ours).
-        """
-        # Named once it is known to be recorded (no built-in sampler reads the name).
-        span = self._tracer.start_span("HTTP", context=parent, kind=SpanKind.SERVER)
-        context = span.get_span_context()
-        trace_id = f"{context.trace_id:032x}"
-        state = context.trace_state
-        recorded = span.is_recording()
-        return _Request(
-            span if recorded else None,
-            otel_trace.set_span_in_context(span, parent) if recorded else None,
-            trace_id,
-            (f"00-{trace_id}-", f"-{context.trace_flags:02x}"),
-            state.to_header() if state else None,
-        )
-
-    @staticmethod
-    def _describe_server_span(span: Span, request: web.Request, status: int | None) -> None:
-        resource = request.match_info.route.resource
-        route = resource.canonical if resource is not None else None
-        span.update_name(f"{request.method} {route}" if route else request.method)
-        attributes: dict[str, Any] = {
-            HTTP_REQUEST_METHOD: request.method,
-            URL_PATH: request.path,
-            URL_SCHEME: request.scheme,
-        }
-        if route is not None:
-            attributes[HTTP_ROUTE] = route
-        request_id = request.get(REQUEST_ID)
-        if request_id is not None:
-            attributes[REQUEST_ID_ATTRIBUTE] = request_id
-        # The caller's name (CALLER_ATTRIBUTE) goes here once requests carry
-        # one: the named-callers feature sets it on the request.
-        if status is None:
-            attributes[CALLER_LEFT] = True  # cancelled: no answer was sent
-        else:
-            attributes[HTTP_RESPONSE_STATUS_CODE] = status
-            if status >= 500:
-                # HTTP semantic conventions: only a 5xx is a server span's error.
-                attributes[ERROR_TYPE] = str(status)
-                span.set_status(Status(StatusCode.ERROR))
-        span.set_attributes(attributes)
+    def _continued(self, headers: CIMultiDictProxy[str]) -> _Request:
+        """The trace of a request that continues its caller's: the SDK's sampler decides."""
+        parent = _PROPAGATOR.extract(headers)
+        caller = otel_trace.get_current_span(parent).get_span_context()
+        if not caller.is_valid:  # a malformed traceparent is no trace: start one
+            return self._root()
+        # Exactly what the SDK's start_span will ask its sampler once the
+        # request ends; the built-in samplers answer it the same both times.
+        decision = self._sampler.should_sample(parent, caller.trace_id, "HTTP", SpanKind.SERVER)
+        trace_id = f"{caller.trace_id:032x}"
+        state = decision.trace_state
+        tracestate = state.to_header() if state else None
+        # The caller's trace id is random or not; our spans' flags say as it does.
+        random_id = caller.trace_flags & _RANDOM
+        if decision.decision is not Decision.RECORD_AND_SAMPLE:
+            return _Request(trace_id, f"00-{trace_id}-", f"-{random_id:02x}", tracestate, None)
+        sampled = _Sampled(parent, None, time.monotonic())
+        flags = f"-{_SAMPLED | random_id:02x}"
+        return _Request(trace_id, f"00-{trace_id}-", flags, tracestate, sampled)
 
     def trace_id(self) -> str | None:
         """The trace id of the request being served (``handlers.CurrentTrace``)."""
@@ -403,61 +425,197 @@ class Tracing:
     def circuit_open(self, supplier: str) -> None:
         """``supplier`` was not asked, its circuit being open: an event on the request's span."""
         served = _REQUEST.get(None)
-        if served is not None and served.span is not None:
-            served.span.add_event("circuit_open", {SUPPLIER: supplier})
+        if served is not None and served.sampled is not None:
+            served.sampled.circuit_open.append((supplier, time.monotonic()))
 
     # -- supplier calls and their attempts ---------------------------------------
 
     def gateway(self, inner: SupplierGateway) -> SupplierGateway:
-        """``inner`` with a span around each supplier call (once ``running`` has begun)."""
+        """``inner``, noting when each supplier call of a sampled request begins and ends."""
         assert self.provider is not None, "wrap the gateway after tracing's cleanup_ctx began"
-        return _TracedGateway(inner, self._tracer)
+        return _RecordingGateway(inner)
 
     def sending(self, attempt: int, url: URL, headers: dict[str, str]) -> None:
-        """An attempt is about to go out: start its span and name it in ``traceparent``."""
+        """An attempt is about to go out: name its own span in ``traceparent``."""
         served = _REQUEST.get(None)
         if served is None:
             return
-        call = None if served.context is None else _CALL.get(None)
-        if call is None:
-            # Not sampled: pass the trace on, with a span id of the attempt's
-            # own, and record nothing.
-            before, after = served.traceparent
-            # As the SDK's id generator makes them (random, never all zeros).
-            span_id = random.getrandbits(64) or 1
-            headers["traceparent"] = f"{before}{span_id:016x}{after}"
-            if served.tracestate is not None:
-                headers["tracestate"] = served.tracestate
-            return
+        span_id = _span_id()
+        # Dropped, the trace goes on with the sampled flag off, and the id
+        # reaches no recorder: a supplier's own trace still follows our decision.
+        headers["traceparent"] = f"{served.traceparent}{_hex_id(span_id)}{served.flags}"
+        if served.sampled is not None:
+            call = _CALL.get(None)
+            if call is not None:
+                call.sent.append(_Attempt(attempt, span_id, url))
+        if served.tracestate is not None:
+            headers["tracestate"] = served.tracestate
+
+    # -- a sampled request's spans, from its bill ----------------------------------
+
+    def _record(self, sampled: _Sampled, request: web.Request, status: int | None) -> None:
+        """Make and end every span of a request that has ended."""
+        clock = _Clock()
+        tracer = self._tracer
+        if sampled.root_trace_id is not None:
+            self._ids.hand_over(trace_id=sampled.root_trace_id)
+        name, attributes = _server_span(request, status)
+        server = tracer.start_span(
+            name,
+            context=sampled.parent,
+            attributes=attributes,
+            kind=SpanKind.SERVER,
+            start_time=clock(sampled.started),
+        )
+        if status is not None and status >= 500:
+            # HTTP semantic conventions: only a 5xx is a server span's error.
+            server.set_status(Status(StatusCode.ERROR))
+        for supplier, when in sampled.circuit_open:
+            server.add_event("circuit_open", {SUPPLIER: supplier}, timestamp=clock(when))
+        context = otel_trace.set_span_in_context(server, sampled.parent)
+        for call in sampled.calls:
+            self._record_call(call, context, clock)
+        server.end(end_time=clock.now_ns)
+
+    def _record_call(self, call: _Call, parent: otel_context.Context, clock: _Clock) -> None:
+        """The span of one supplier call, and those of its attempts, from its bill."""
+        trace = call.trace
+        ended = clock.now if call.ended is None else call.ended
+        code, stopped = _call_outcome(call, ended)
+        attributes: dict[str, Any] = {
+            SUPPLIER: trace.supplier,
+            OUTCOME: code,
+            ATTEMPTS: len(trace.attempts),
+        }
+        if stopped is not None:
+            attributes[STOPPED] = stopped
+        span = self._tracer.start_span(
+            f"supplier {trace.supplier}",
+            context=parent,
+            attributes=attributes,
+            start_time=clock(call.started),
+        )
+        if call.error is not None:
+            span.record_exception(call.error)
+        if code != OK:
+            span.set_status(Status(StatusCode.ERROR))
+        records = {record.attempt: record for record in trace.attempts}
+        context = otel_trace.set_span_in_context(span, parent)
+        for sent in call.sent:
+            record = records.get(sent.attempt)
+            self._ids.hand_over(span_id=sent.span_id)
+            self._record_attempt(sent, record, context, clock)
+            if record is not None and record.backoff is not None:
+                span.add_event(
+                    "backoff",
+                    {ATTEMPT: record.attempt, BACKOFF_MS: round(record.backoff * 1000, 3)},
+                    timestamp=clock(record.ended),
+                )
+        if stopped in NO_RETRY_REASONS and trace.attempts:
+            last = trace.attempts[-1]
+            span.add_event(
+                "no_retry",
+                {ATTEMPT: last.attempt, STOPPED: stopped},
+                timestamp=clock(last.ended),
+            )
+        span.end(end_time=clock(ended))
+
+    def _record_attempt(
+        self,
+        sent: _Attempt,
+        record: AttemptRecord | None,
+        parent: otel_context.Context,
+        clock: _Clock,
+    ) -> None:
+        url = sent.url
         attributes: dict[str, Any] = {
             HTTP_REQUEST_METHOD: "GET",
             # A password in the supplier's URL never leaves in a span.
             URL_FULL: str(url) if url.password is None else str(url.with_password("***")),
             SERVER_ADDRESS: url.host or "",
-            ATTEMPT: attempt,
+            ATTEMPT: sent.attempt,
         }
         if url.port is not None:
             attributes[SERVER_PORT] = url.port
-        if attempt > 1:
-            attributes[HTTP_REQUEST_RESEND_COUNT] = attempt - 1
+        if sent.attempt > 1:
+            attributes[HTTP_REQUEST_RESEND_COUNT] = sent.attempt - 1
+        if record is None:  # sent but not billed: only a bug of ours leaves this
+            span = self._tracer.start_span(
+                "GET", context=parent, kind=SpanKind.CLIENT, attributes=attributes
+            )
+            span.end()
+            return
+        attributes[OUTCOME] = record.outcome
+        attributes[SLOT_WAIT_MS] = round(record.slot_wait * 1000, 3)
+        if record.status is not None:
+            attributes[HTTP_RESPONSE_STATUS_CODE] = record.status
+        failed = record.outcome != OK
+        if failed:
+            # A refusal's status, else our code for what went wrong (invalid_data, ...).
+            refused = record.status is not None and record.status != 200
+            attributes[ERROR_TYPE] = str(record.status) if refused else record.outcome
         span = self._tracer.start_span(
-            "GET", context=call.context, kind=SpanKind.CLIENT, attributes=attributes
+            "GET",
+            context=parent,
+            kind=SpanKind.CLIENT,
+            attributes=attributes,
+            start_time=clock(record.started + record.slot_wait),
         )
-        call.attempts.append((attempt, span))
-        _inject(headers, span.get_span_context())
+        if failed:
+            span.set_status(Status(StatusCode.ERROR))
+        span.end(end_time=clock(record.ended))
 
 
-class _TracedGateway:
-    """A ``SupplierGateway`` that puts a span around each call of the one it wraps.
+def _server_span(request: web.Request, status: int | None) -> tuple[str, dict[str, Any]]:
+    """The server span's name and attributes (OpenTelemetry's HTTP semantic conventions)."""
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else None
+    attributes: dict[str, Any] = {
+        HTTP_REQUEST_METHOD: request.method,
+        URL_PATH: request.path,
+        URL_SCHEME: request.scheme,
+    }
+    if route is not None:
+        attributes[HTTP_ROUTE] = route
+    request_id = request.get(REQUEST_ID)
+    if request_id is not None:
+        attributes[REQUEST_ID_ATTRIBUTE] = request_id
+    caller = request.get(CALLER)
+    if caller is not None:
+        attributes[CALLER_ATTRIBUTE] = caller.name
+    if status is None:
+        attributes[CALLER_LEFT] = True  # cancelled: no answer was sent
+    else:
+        attributes[HTTP_RESPONSE_STATUS_CODE] = status
+        if status >= 500:
+            attributes[ERROR_TYPE] = str(status)
+    return (f"{request.method} {route}" if route else request.method), attributes
 
-    A coalesced or cached answer (the share feature) is marked here too:
-    that wrapper sits inside this one, and records on the ``SupplierTrace``
-    what it did; ``_end`` is where that becomes an attribute.
+
+def _call_outcome(call: _Call, ended: float) -> tuple[str, str | None]:
+    """A supplier call's outcome code, and why it stopped."""
+    stopped = call.trace.stopped
+    if call.outcome is None:
+        # Cancelled (the deadline, or the caller leaving), or a bug: the
+        # service writes the deadline on the bill only after this call is gone.
+        past_deadline = ended >= call.deadline - DEADLINE_SLACK
+        return (
+            TIMEOUT if past_deadline else CANCELLED,
+            stopped or (STOPPED_DEADLINE if past_deadline else CANCELLED),
+        )
+    return (OK if isinstance(call.outcome, SupplierQuote) else call.outcome.code), stopped
+
+
+class _RecordingGateway:
+    """A ``SupplierGateway`` that notes, for a sampled request, when each call begins and ends.
+
+    A coalesced or cached answer (the share feature) is marked too: that
+    wrapper sits inside this one and writes on the ``SupplierTrace`` what it
+    did (``stopped``: ``joined``, ``cached``...), which becomes the span's.
     """
 
-    def __init__(self, inner: SupplierGateway, tracer: otel_trace.Tracer) -> None:
+    def __init__(self, inner: SupplierGateway) -> None:
         self._inner = inner
-        self._tracer = tracer
 
     def quote(
         self,
@@ -466,97 +624,30 @@ class _TracedGateway:
         request_id: str,
         deadline: float,
     ) -> Coroutine[Any, Any, SupplierQuote | Failure]:
-        """The wrapped call, in a span of its own when the request is sampled."""
+        """The wrapped call; for a sampled request, with its times noted around it."""
         served = _REQUEST.get(None)
-        if served is None or served.context is None:
+        if served is None or served.sampled is None:
             # Not sampled: the inner call itself, without a coroutine around it
             # that every one of its awaits would pass through.
             return self._inner.quote(trace, request, request_id, deadline)
-        return self._traced(served.context, trace, request, request_id, deadline)
+        call = _Call(trace, deadline, time.monotonic())
+        served.sampled.calls.append(call)
+        return self._noted(call, request, request_id)
 
-    async def _traced(
-        self,
-        parent: otel_context.Context,
-        trace: SupplierTrace,
-        request: QuoteRequest,
-        request_id: str,
-        deadline: float,
+    async def _noted(
+        self, call: _Call, request: QuoteRequest, request_id: str
     ) -> SupplierQuote | Failure:
-        span = self._tracer.start_span(
-            f"supplier {trace.supplier}", context=parent, attributes={SUPPLIER: trace.supplier}
-        )
-        call = _SupplierCall(span, otel_trace.set_span_in_context(span))
+        # This coroutine is the supplier call's task: the variable is that task's alone.
         token = _CALL.set(call)
-        outcome: SupplierQuote | Failure | None = None
         try:
-            outcome = await self._inner.quote(trace, request, request_id, deadline)
-            return outcome
+            call.outcome = await self._inner.quote(call.trace, request, request_id, call.deadline)
+            return call.outcome
         except Exception as exc:  # a bug of ours: it propagates (500), and is on the span
-            span.record_exception(exc)
+            call.error = exc
             raise
         finally:
+            call.ended = time.monotonic()
             _CALL.reset(token)
-            _end(call, trace, outcome, deadline)
-
-
-def _end(
-    call: _SupplierCall,
-    trace: SupplierTrace,
-    outcome: SupplierQuote | Failure | None,
-    deadline: float,
-) -> None:
-    """End the call's attempt spans and its own span, from the bill in ``trace``."""
-    now_ns, now = time.time_ns(), time.monotonic()
-    span = call.span
-    records = {record.attempt: record for record in trace.attempts}
-    for attempt, attempt_span in call.attempts:
-        record = records.get(attempt)
-        if record is None:  # sent but not billed: only a bug of ours leaves this
-            attempt_span.end()
-            continue
-        attributes: dict[str, Any] = {
-            OUTCOME: record.outcome,
-            SLOT_WAIT_MS: round(record.slot_wait * 1000, 3),
-        }
-        if record.status is not None:
-            attributes[HTTP_RESPONSE_STATUS_CODE] = record.status
-        if record.outcome != OK:
-            # A refusal's status, else our code for what went wrong (invalid_data, ...).
-            refused = record.status is not None and record.status != 200
-            attributes[ERROR_TYPE] = str(record.status) if refused else record.outcome
-            attempt_span.set_status(Status(StatusCode.ERROR))
-        attempt_span.set_attributes(attributes)
-        ended = _wall_clock(now_ns, now, record.ended)
-        attempt_span.end(end_time=ended)
-        if record.backoff is not None:
-            span.add_event(
-                "backoff",
-                {ATTEMPT: record.attempt, BACKOFF_MS: round(record.backoff * 1000, 3)},
-                timestamp=ended,
-            )
-    stopped = trace.stopped
-    if outcome is None:
-        # Cancelled (the deadline, or the caller leaving), or a bug: the
-        # service writes the deadline on the bill only after this call is gone.
-        past_deadline = now >= deadline - DEADLINE_SLACK
-        stopped = stopped or (STOPPED_DEADLINE if past_deadline else CANCELLED)
-        code = TIMEOUT if past_deadline else CANCELLED
-    else:
-        code = OK if isinstance(outcome, SupplierQuote) else outcome.code
-    if stopped in NO_RETRY_REASONS and trace.attempts:
-        last = trace.attempts[-1]
-        span.add_event(
-            "no_retry",
-            {ATTEMPT: last.attempt, STOPPED: stopped},
-            timestamp=_wall_clock(now_ns, now, last.ended),
-        )
-    attributes = {OUTCOME: code, ATTEMPTS: len(trace.attempts)}
-    if stopped is not None:
-        attributes[STOPPED] = stopped
-    span.set_attributes(attributes)
-    if code != OK:
-        span.set_status(Status(StatusCode.ERROR))
-    span.end()
 
 
 class _TraceIdInLogs(logging.Filter):

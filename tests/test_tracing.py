@@ -16,6 +16,7 @@ import random
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -30,9 +31,11 @@ from provider_lab.app import create_app as create_lab
 from provider_lab.state import LabConfig
 from quoteflow.app import create_app
 from quoteflow.auth import ApiKeys
+from quoteflow.callers import load_callers
 from quoteflow.config import Settings
 from quoteflow.spans import _sampling
 from quoteflow.tracing import SAMPLERS, tracing_from_environ
+from tests.callers_files import bearer, write_callers
 from tests.conftest import TEST_BUDGET, TEST_CONNECT_TIMEOUT
 from tests.fakes import FakeSuppliers
 from tests.otlp import CLIENT, ERROR, INTERNAL, SERVER, Receiver
@@ -322,6 +325,30 @@ async def test_refused_requests_get_their_server_span(
         if s.kind == SERVER and s.status == ERROR
     }
     assert errors == {503: "503"}
+
+
+async def test_a_named_callers_requests_carry_its_name_refused_or_not(
+    start_traced: StartTraced, receiver: Receiver, tmp_path: Path
+) -> None:
+    """A callers file: the server span names the caller, on its 200 and on its 429 alike."""
+    callers = load_callers(
+        str(write_callers(tmp_path / "callers.toml", {"name": "acme", "rate": "1/60s"})), {}
+    )
+    client = await start_traced(callers=callers)
+    served = await client.post("/api/quotes", json={}, headers=bearer("acme"))
+    refused = await client.post("/api/quotes", json={}, headers=bearer("acme"))
+    assert (served.status, refused.status) == (200, 429)
+    ids = {served.headers["X-Request-ID"]: 200, refused.headers["X-Request-ID"]: 429}
+    spans = await receiver.wait_for(lambda found: len([s for s in found if s.kind == SERVER]) >= 2)
+    named = {
+        s.attributes["quoteflow.request_id"]: (
+            s.attributes["http.response.status_code"],
+            s.attributes.get("quoteflow.caller"),
+        )
+        for s in spans
+        if s.kind == SERVER
+    }
+    assert named == {request_id: (status, "acme") for request_id, status in ids.items()}
 
 
 # -- context -------------------------------------------------------------------------
