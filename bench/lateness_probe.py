@@ -94,13 +94,14 @@ def _wrap_quote() -> None:
                 beside.cancel()
             fired = _fired.pop(key, None)
         now = time.monotonic()
-        if fired is not None and any(t.stopped == STOPPED_DEADLINE for t in report.traces):
-            late, turn = fired
-            SAMPLES["fired"].append(late)
+        if any(trace.stopped == STOPPED_DEADLINE for trace in report.traces):
             SAMPLES["came_back"].append(now - report.deadline)
             SAMPLES["elapsed"].append(report.result.elapsed_ms / 1000)
-            if _turn:
-                TURNS.append(_turn - turn)
+            if fired is not None:  # (None: the deadline not kept by ``asyncio.timeout``)
+                late, turn = fired
+                SAMPLES["fired"].append(late)
+                if _turn:
+                    TURNS.append(_turn - turn)
         return report
 
     setattr(service.QuoteService, "quote", measured)  # noqa: B010 -- mypy: no method assignment
