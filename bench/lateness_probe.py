@@ -1,15 +1,13 @@
 """``python -m bench.lateness_probe``: QuoteFlow, instrumented: where is a cut-off answer late?
 
 Started by ``bench/lateness.py`` with QuoteFlow's own flags; measures nothing
-QuoteFlow does not do anyway, by wrapping three things at start-up:
+QuoteFlow does not do anyway, by wrapping at start-up:
 
-- the deadline's timer (``asyncio.timeout`` as ``quoteflow.service`` calls
-  it): how late it fires against the ``time.monotonic()`` deadline, seen by
-  a timer due at the same loop time;
-- ``QuoteService.quote``: for a fan-out cut off by its deadline, how late it
-  came back (its bill has a supplier ``stopped: deadline``), ``elapsed_ms``,
-  and, on asyncio's own loop, how many loop turns lay between the timer and
-  the service going on (uvloop offers no hook to count them);
+- ``QuoteService.quote``: for a fan-out cut off by its deadline (its bill
+  has a supplier ``stopped: deadline``), how late the deadline's timer ran
+  (seen by a timer due at the same loop time), how late the fan-out came
+  back to the service, ``elapsed_ms``, and, on asyncio's own loop, how many
+  loop turns lay between the two (uvloop offers no hook to count them);
 - a task that sleeps 5 ms again and again: how late the loop runs all along.
 
 At exit the samples go to the JSON file named by ``LATENESS_OUT``, in seconds.
@@ -25,7 +23,6 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 from quoteflow import cli, service
@@ -35,8 +32,6 @@ SAMPLES: dict[str, list[float]] = {"fired": [], "came_back": [], "elapsed": [], 
 TURNS: list[int] = []
 """Loop turns from the timer to the service going on (asyncio's loop only)."""
 _turn = 0
-_beside: dict[int, asyncio.TimerHandle] = {}
-"""A timer due with each request's deadline timer, by the id of the request's task."""
 _fired: dict[int, tuple[float, int]] = {}
 """When each request's deadline came (monotonic lateness, loop turn), by task id."""
 
@@ -56,48 +51,33 @@ def _count_turns() -> None:
     setattr(loop_class, "_run_once", counted)  # noqa: B010 -- not in the type stubs
 
 
-class _Asyncio(ModuleType):
-    """``asyncio`` as ``quoteflow.service`` sees it: ``timeout`` also sets a timer beside it.
-
-    The timer beside is due at the same loop time as the deadline's own, so
-    it runs in the same loop turn: how late it runs is how late that one did.
-    """
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(asyncio, name)
-
-    @staticmethod
-    def timeout(delay: float | None) -> asyncio.timeouts.Timeout:
-        scope = asyncio.timeout(delay)
-        when, task = scope.when(), asyncio.current_task()
-        if when is not None and task is not None:
-            deadline = time.monotonic() + (delay or 0.0)
-            key = id(task)
-
-            def due() -> None:
-                _fired[key] = (time.monotonic() - deadline, _turn)
-
-            _beside[key] = asyncio.get_running_loop().call_at(when, due)
-        return scope
-
-
 def _wrap_quote() -> None:
     quote = service.QuoteService.quote
 
-    async def measured(self: service.QuoteService, *args: Any, **kwargs: Any) -> QuoteReport:
+    async def measured(
+        self: service.QuoteService, request: Any, request_id: str, admitted_at: float, *rest: Any
+    ) -> QuoteReport:
+        # A timer due at the same loop time as the service's deadline (which
+        # the service sets from the same figures a few µs later): it runs in
+        # the same loop turn, so how late it runs is how late that one did.
+        loop = asyncio.get_running_loop()
+        deadline = admitted_at + self._budget - self._answer_reserve
         key = id(asyncio.current_task())
+
+        def due() -> None:
+            _fired[key] = (time.monotonic() - deadline, _turn)
+
+        beside = loop.call_at(loop.time() + deadline - time.monotonic(), due)
         try:
-            report = await quote(self, *args, **kwargs)
+            report = await quote(self, request, request_id, admitted_at, *rest)
         finally:
-            beside = _beside.pop(key, None)
-            if beside is not None:
-                beside.cancel()
+            beside.cancel()
             fired = _fired.pop(key, None)
         now = time.monotonic()
         if any(trace.stopped == STOPPED_DEADLINE for trace in report.traces):
             SAMPLES["came_back"].append(now - report.deadline)
             SAMPLES["elapsed"].append(report.result.elapsed_ms / 1000)
-            if fired is not None:  # (None: the deadline not kept by ``asyncio.timeout``)
+            if fired is not None:
                 late, turn = fired
                 SAMPLES["fired"].append(late)
                 if _turn:
@@ -133,7 +113,6 @@ def _dump() -> None:
 
 def main(argv: list[str]) -> int:
     """Run QuoteFlow with ``argv``, instrumented; write the samples at exit."""
-    setattr(service, "asyncio", _Asyncio("asyncio"))  # noqa: B010 -- not exported by service
     _wrap_quote()
     _with_lag_monitor()
     _count_turns()
