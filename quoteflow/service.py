@@ -166,14 +166,19 @@ class QuoteService:
         asked: list[tuple[SupplierTrace, Permit, asyncio.Task[SupplierQuote | Failure]]] = []
         judged = False
 
-        # The deadline wraps the whole fan-out, never one attempt: a retry
-        # cannot win itself a fresh timer, and no inner handler can swallow it.
+        # The deadline wraps each supplier's whole call, never one attempt: a
+        # retry cannot win itself a fresh timer, and no inner handler can
+        # swallow it. Its timer cancels the supplier tasks itself rather than
+        # this task (as asyncio.timeout would, whose task group would then
+        # cancel them): one loop turn less between the deadline and the
+        # answer, which under load is what makes a cut-off answer late.
         # Times here are time.monotonic(): uvloop's loop.time() only has
-        # millisecond steps, too coarse for the bill. The timer takes a delay.
-        scope = asyncio.timeout(deadline - time.monotonic())
+        # millisecond steps, too coarse for the bill; the timer is set from it.
+        loop = asyncio.get_running_loop()
+        timer: asyncio.TimerHandle | None = None
         try:
             try:
-                async with scope, asyncio.TaskGroup() as group:
+                async with asyncio.TaskGroup() as group:
                     for trace in traces:
                         permit = _permit(breakers, trace.supplier)
                         if permit is Permit.REFUSED:
@@ -185,9 +190,12 @@ class QuoteService:
                             continue
                         gateway_call = self._gateway.quote(trace, request, request_id, deadline)
                         asked.append((trace, permit, group.create_task(gateway_call)))
-            except TimeoutError:
-                if not scope.expired():
-                    raise
+                    if asked:
+                        when = loop.time() + deadline - time.monotonic()
+                        timer = loop.call_at(when, _cut_off, asked)
+            finally:
+                if timer is not None:
+                    timer.cancel()
             # A supplier call either finished or was cancelled by the deadline: a
             # bug in one would have left the TaskGroup as an exception, not here.
             for trace, permit, task in asked:
@@ -217,6 +225,14 @@ class QuoteService:
             traces=traces,
             caller=caller,
         )
+
+
+def _cut_off(
+    asked: list[tuple[SupplierTrace, Permit, asyncio.Task[SupplierQuote | Failure]]],
+) -> None:
+    """The deadline: every supplier call still running ends now, as ``timeout``."""
+    for _, _, task in asked:
+        task.cancel()  # one already done ignores it
 
 
 def _permit(breakers: Breakers | None, supplier: str) -> Permit:

@@ -6,9 +6,12 @@ import asyncio
 import time
 from typing import Any
 
+from aiohttp import web
+
 from tests.conftest import TEST_BUDGET, StartQuoteFlow
-from tests.fakes import FakeSuppliers, delay, hang, quote, status
+from tests.fakes import FakeSuppliers, Responder, delay, hang, quote, status
 from tests.test_decision_table import ask, failure_of, quoted
+from tests.test_observability import explain
 
 MARGIN = 0.15
 """Generous slack for a loaded CI machine; the benchmark measures the real figure."""
@@ -146,3 +149,50 @@ async def test_the_fan_out_stops_early_enough_to_answer_within_the_budget(
     assert failure_of(result, "boreal") == "timeout"
     assert quoted(result) == ["atlas"]
     assert 300 <= result["elapsed_ms"] < 360
+
+
+def hog_the_loop(after: float, turn: float, turns: int) -> Responder:
+    """Hang; from ``after`` on, make each of ``turns`` loop turns last ``turn`` seconds.
+
+    The hog runs first in every turn it lasts (it schedules its next run
+    before anything else of that turn can), then blocks the whole loop —
+    QuoteFlow's too — so that the turns QuoteFlow takes can be counted in time.
+    """
+
+    async def respond(request: web.Request) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        left = [turns]
+
+        def hog() -> None:
+            left[0] -= 1
+            if left[0]:
+                loop.call_soon(hog)
+            time.sleep(turn)  # on purpose: a loop turn that lasts
+
+        loop.call_at(loop.time() + after, hog)
+        return await hang()(request)
+
+    return respond
+
+
+async def test_the_deadline_cancels_each_supplier_call_in_the_next_loop_turn(
+    start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
+) -> None:
+    """A cut-off call unwinds one loop turn after the deadline's, not two.
+
+    Under load every loop turn is long, and each turn between the deadline
+    and the answer makes the answer later. Here every turn lasts 80 ms from
+    40 ms before the fan-out's deadline (0.4 s less the 5 ms reserve): the
+    deadline's timer runs in the turn after that (about 40 ms late), and
+    boreal's cut-off attempt unwinds in the next one, 2.5 turns (200 ms) past
+    the deadline — the attempt's ``remaining_ms``. Had the timer cancelled the
+    request's task, whose task group then cancels boreal's, it would unwind a
+    turn later still: 3.5 turns.
+    """
+    turn = 0.08
+    suppliers.script("boreal", hog_the_loop(after=0.395 - turn / 2, turn=turn, turns=6))
+    body = await explain(await start_quoteflow(budget=0.4))
+    assert failure_of(body, "boreal") == "timeout"
+    (attempt,) = body["explain"]["suppliers"]["boreal"]["attempts"]
+    assert attempt["outcome"] == "timeout"
+    assert -3 * turn * 1000 < attempt["remaining_ms"] <= -2 * turn * 1000
