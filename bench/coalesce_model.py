@@ -1,6 +1,6 @@
 """``python -m bench.coalesce_model``: the hot workload against an idealised coalescer, offline.
 
-How few supplier requests per answer can in-flight coalescing reach in the
+Where does in-flight coalescing land, in supplier requests per answer, in the
 ``hot`` section's workload (``bench/hot.py``)? This is a discrete-event
 simulation of exactly that workload with a coalescer that costs nothing:
 
