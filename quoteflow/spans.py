@@ -371,9 +371,13 @@ class Tracing:
             status = exc.status
             raise
         finally:
-            _REQUEST.reset(token)
-            if served.sampled is not None:
-                self._record(served.sampled, request, status)
+            try:
+                if served.sampled is not None:
+                    self._record(served.sampled, request, status)
+            except Exception as exc:  # a bug of ours or the SDK's: never the caller's answer
+                log_event(log, logging.ERROR, "trace_failed", {}, exc_info=exc)
+            finally:
+                _REQUEST.reset(token)
 
     def _root(self) -> _Request:
         """The trace of a request that brings none: sampled by its trace id's rule, no SDK call."""

@@ -29,6 +29,7 @@ from pytest_aiohttp import AiohttpClient, AiohttpServer
 
 from provider_lab.app import create_app as create_lab
 from provider_lab.state import LabConfig
+from quoteflow import spans
 from quoteflow.app import create_app
 from quoteflow.auth import ApiKeys
 from quoteflow.callers import load_callers
@@ -349,6 +350,29 @@ async def test_a_named_callers_requests_carry_its_name_refused_or_not(
         if s.kind == SERVER
     }
     assert named == {request_id: (status, "acme") for request_id, status in ids.items()}
+
+
+async def test_a_failure_making_the_spans_never_costs_the_answer(
+    start_traced: StartTraced,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Spans that cannot be made (a bug): the answer is still the 200, the bug is logged."""
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("a bug in making spans")
+
+    monkeypatch.setattr(spans.Tracing, "_record", broken)
+    client = await start_traced()
+    with caplog.at_level(logging.INFO, logger="quoteflow"):
+        body = await quote(client)
+    assert body["failures"] == []  # and quote() checked the 200
+    (failed,) = [r for r in caplog.records if getattr(r, "event", None) == "trace_failed"]
+    assert failed.levelno == logging.ERROR
+    assert failed.exc_info is not None
+    assert "a bug in making spans" in str(failed.exc_info[1])
+    assert failed.fields["trace_id"] == body["explain"]["trace_id"]  # type: ignore[attr-defined]
 
 
 # -- context -------------------------------------------------------------------------
