@@ -214,6 +214,11 @@ class CoalescingGateway:
         # instead of joining a call that is being cancelled.
         self._forget(call)
         call.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await call.task
+        # Until it has wound up, even if this waiter is cancelled again
+        # meanwhile: the deadline's timer and the caller hanging up can each
+        # cancel it, and a second cancellation must not cut the wind-up short
+        # (this waiter goes on to its own CancelledError either way).
+        while not call.task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(call.task)
         self._settle(call, waiter)

@@ -232,7 +232,10 @@ def _cut_off(
 ) -> None:
     """The deadline: every supplier call still running ends now, as ``timeout``."""
     for _, _, task in asked:
-        task.cancel()  # one already done ignores it
+        # One already cancelled (its task group aborting: the caller left) is
+        # ending already; a second cancellation would only cut its wind-up.
+        if not task.cancelling():
+            task.cancel()  # one already done ignores it
 
 
 def _permit(breakers: Breakers | None, supplier: str) -> Permit:

@@ -17,6 +17,8 @@ from quoteflow.coalesce import CoalescingGateway
 from quoteflow.config import Settings
 from quoteflow.handlers import SERVICE
 from quoteflow.models import (
+    TIMEOUT,
+    AttemptRecord,
     Failure,
     MovingDeadline,
     QuoteReport,
@@ -24,7 +26,7 @@ from quoteflow.models import (
     SupplierQuote,
     SupplierTrace,
 )
-from quoteflow.service import QuoteService
+from quoteflow.service import Lineup, QuoteService
 from tests.conftest import TEST_CONNECT_TIMEOUT
 from tests.fakes import FakeSuppliers, delay, first_time_per_request_id, hang, quote, status
 from tests.test_observability import events, metric
@@ -360,4 +362,54 @@ async def test_a_bug_in_a_shared_call_reaches_every_waiter() -> None:
     assert inner.calls == 1
     assert all(isinstance(exc, RuntimeError) for exc in raised)
     assert coalescing.in_flight == 0
+    assert shared_tasks() == []
+
+
+class _SlowToWindUp:
+    """A supplier call that hangs, and when cancelled takes 50 ms to put its cut-off attempt
+    on the bill (no HTTP server can make the client's own wind-up last)."""
+
+    def __init__(self) -> None:
+        self.wound_up = asyncio.Event()
+
+    async def quote(
+        self,
+        trace: SupplierTrace,
+        request: QuoteRequest,
+        request_id: str,
+        deadline: float | MovingDeadline,
+    ) -> SupplierQuote | Failure:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)
+            trace.attempts.append(
+                AttemptRecord(
+                    attempt=1,
+                    started=0.0,
+                    slot_wait=0.0,
+                    duration=0.0,
+                    outcome=TIMEOUT,
+                    status=None,
+                )
+            )
+            self.wound_up.set()
+            raise
+        raise AssertionError("not reached")
+
+
+async def test_a_caller_leaving_after_the_deadline_still_waits_for_the_call_to_wind_up() -> None:
+    """Deadline, then the caller hangs up mid-wind-up: two cancellations; the cut-off attempt
+    still reaches the bill before the request ends, and nothing is left running."""
+    inner = _SlowToWindUp()
+    service = QuoteService(
+        CoalescingGateway(inner), Lineup(("boreal",)), budget=0.2, inbound_limit=8
+    )
+    admitted = time.monotonic()
+    request = asyncio.ensure_future(service.quote(QuoteRequest(), "r1", admitted))
+    await asyncio.sleep(0.2 + 0.01)  # the deadline has come; the call is winding up
+    request.cancel()  # the caller hangs up now
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    assert inner.wound_up.is_set()  # the request ended only once the call had wound up
     assert shared_tasks() == []
