@@ -122,6 +122,14 @@ ATTEMPTS: Final = "quoteflow.attempts"
 SLOT_WAIT_MS: Final = "quoteflow.slot_wait_ms"
 BACKOFF_MS: Final = "quoteflow.backoff_ms"
 CALLER_LEFT: Final = "quoteflow.caller_left"
+JOINED: Final = "quoteflow.joined"
+"""The request id of the shared call this one joined (``--coalesce``): its attempts are its."""
+HANDED_OVER: Final = "quoteflow.handed_over"
+"""The request this one handed its shared call to when it left (``--coalesce``)."""
+STALE_IF_ERROR: Final = "quoteflow.stale_if_error"
+"""The failure a stale quote from the cache stood in for (``--cache-size``)."""
+ERROR: Final = "error"
+"""``quoteflow.outcome`` of a call that raised: a bug of ours (the answer is a 500)."""
 
 NO_RETRY_REASONS: Final = frozenset(
     {STOPPED_NOT_RETRYABLE, STOPPED_NO_TIME, STOPPED_RETRY_AFTER, STOPPED_RETRY_BUDGET}
@@ -371,13 +379,14 @@ class Tracing:
             status = exc.status
             raise
         finally:
-            try:
-                if served.sampled is not None:
-                    self._record(served.sampled, request, status)
-            except Exception as exc:  # a bug of ours or the SDK's: never the caller's answer
-                log_event(log, logging.ERROR, "trace_failed", {}, exc_info=exc)
-            finally:
-                _REQUEST.reset(token)
+            if served.sampled is not None:
+                # In the loop's next turn, once this answer has been written:
+                # making the spans is not the caller's time. The callback runs
+                # in a copy of this context, so its log lines carry the trace id.
+                asyncio.get_running_loop().call_soon(
+                    self._recorded, served.sampled, request, status
+                )
+            _REQUEST.reset(token)
 
     def _root(self) -> _Request:
         """The trace of a request that brings none: sampled by its trace id's rule, no SDK call."""
@@ -451,6 +460,15 @@ class Tracing:
 
     # -- a sampled request's spans, from its bill ----------------------------------
 
+    def _recorded(self, sampled: _Sampled, request: web.Request, status: int | None) -> None:
+        """``_record``, whose failure (a bug of ours or the SDK's) is logged and goes no further."""
+        try:
+            self._record(sampled, request, status)
+        except Exception as exc:
+            log_event(log, logging.ERROR, "trace_failed", {}, exc_info=exc)
+        finally:
+            self._ids.hand_over()  # an id handed over and not taken goes to no other span
+
     def _record(self, sampled: _Sampled, request: web.Request, status: int | None) -> None:
         """Make and end every span of a request that has ended."""
         clock = _Clock()
@@ -487,6 +505,11 @@ class Tracing:
         }
         if stopped is not None:
             attributes[STOPPED] = stopped
+        for name, value in ((JOINED, trace.joined), (HANDED_OVER, trace.handed_over)):
+            if value is not None:
+                attributes[name] = value
+        if trace.stale_if_error is not None:
+            attributes[STALE_IF_ERROR] = trace.stale_if_error
         span = self._tracer.start_span(
             f"supplier {trace.supplier}",
             context=parent,
@@ -501,8 +524,12 @@ class Tracing:
         context = otel_trace.set_span_in_context(span, parent)
         for sent in call.sent:
             record = records.get(sent.attempt)
+            if record is None and trace.handed_over is not None:
+                # Sent by the shared call this request handed over: billed to
+                # the request that took it, once it ends — not known here.
+                continue
             self._ids.hand_over(span_id=sent.span_id)
-            self._record_attempt(sent, record, context, clock)
+            self._record_attempt(sent, record, context, clock, ended)
             if record is not None and record.backoff is not None:
                 span.add_event(
                     "backoff",
@@ -524,6 +551,7 @@ class Tracing:
         record: AttemptRecord | None,
         parent: otel_context.Context,
         clock: _Clock,
+        call_ended: float,
     ) -> None:
         url = sent.url
         attributes: dict[str, Any] = {
@@ -538,10 +566,11 @@ class Tracing:
         if sent.attempt > 1:
             attributes[HTTP_REQUEST_RESEND_COUNT] = sent.attempt - 1
         if record is None:  # sent but not billed: only a bug of ours leaves this
+            at = clock(call_ended)  # when is unknown; within the call's span
             span = self._tracer.start_span(
-                "GET", context=parent, kind=SpanKind.CLIENT, attributes=attributes
+                "GET", context=parent, kind=SpanKind.CLIENT, attributes=attributes, start_time=at
             )
-            span.end()
+            span.end(end_time=at)
             return
         attributes[OUTCOME] = record.outcome
         attributes[SLOT_WAIT_MS] = round(record.slot_wait * 1000, 3)
@@ -593,6 +622,8 @@ def _server_span(request: web.Request, status: int | None) -> tuple[str, dict[st
 def _call_outcome(call: _Call, ended: float) -> tuple[str, str | None]:
     """A supplier call's outcome code, and why it stopped."""
     stopped = call.trace.stopped
+    if call.error is not None:
+        return ERROR, stopped
     if call.outcome is None:
         # Cancelled (the deadline, or the caller leaving), or a bug: the
         # service writes the deadline on the bill only after this call is gone.
