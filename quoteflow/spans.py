@@ -60,6 +60,7 @@ from aiohttp.typedefs import Handler
 from multidict import CIMultiDictProxy
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
+from opentelemetry.propagators.textmap import Getter
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -149,6 +150,19 @@ leaving."""
 _NO_PARENT: Final = otel_context.Context()
 _PROPAGATOR: Final = TraceContextTextMapPropagator()
 """W3C Trace Context only, whatever ``OTEL_PROPAGATORS`` says: it is what suppliers read."""
+
+
+class _EveryValue(Getter[CIMultiDictProxy[str]]):
+    """Every value of a header: W3C Trace Context joins several ``tracestate`` headers into one."""
+
+    def get(self, carrier: CIMultiDictProxy[str], key: str) -> list[str] | None:
+        return carrier.getall(key, None)
+
+    def keys(self, carrier: CIMultiDictProxy[str]) -> list[str]:
+        return list(carrier.keys())
+
+
+_EVERY_VALUE: Final = _EveryValue()
 _SAMPLED: Final = int(TraceFlags.SAMPLED)
 _RANDOM: Final = int(TraceFlags.RANDOM_TRACE_ID)
 """The flag the SDK sets for its random trace ids (W3C level 2); our roots' ids are as random."""
@@ -402,7 +416,7 @@ class Tracing:
 
     def _continued(self, headers: CIMultiDictProxy[str]) -> _Request:
         """The trace of a request that continues its caller's: the SDK's sampler decides."""
-        parent = _PROPAGATOR.extract(headers)
+        parent = _PROPAGATOR.extract(headers, getter=_EVERY_VALUE)
         caller = otel_trace.get_current_span(parent).get_span_context()
         if not caller.is_valid:  # a malformed traceparent is no trace: start one
             return self._root()

@@ -421,6 +421,18 @@ async def test_the_callers_tracestate_reaches_every_attempt(
         assert received.request_id == body["request_id"]
 
 
+async def test_several_tracestate_headers_reach_the_suppliers_as_one(
+    start_traced: StartTraced, suppliers: FakeSuppliers
+) -> None:
+    """Two ``tracestate`` headers are one list (W3C Trace Context), passed on whole."""
+    client = await start_traced(provider_url=suppliers.url)
+    headers = [("traceparent", INBOUND), ("tracestate", "vendor=a1"), ("tracestate", "other=b2")]
+    response = await client.post("/api/quotes", json={}, headers=headers)
+    assert response.status == 200
+    assert len(suppliers.received) == 3
+    assert {r.headers["tracestate"] for r in suppliers.received} == {"vendor=a1,other=b2"}
+
+
 async def test_a_request_not_sampled_passes_its_trace_on_and_exports_nothing(
     start_traced: StartTraced, receiver: Receiver, lab: TestServer
 ) -> None:
