@@ -487,9 +487,9 @@ class Tracing:
         """Make and end every span of a request that has ended."""
         clock = _Clock()
         tracer = self._tracer
+        name, attributes = _server_span(request, status)
         if sampled.root_trace_id is not None:
             self._ids.hand_over(trace_id=sampled.root_trace_id)
-        name, attributes = _server_span(request, status)
         server = tracer.start_span(
             name,
             context=sampled.parent,
