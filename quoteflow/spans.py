@@ -39,8 +39,15 @@ the status, the outcome and when each attempt ended, so the trace and
 ``?explain=1`` always tell the same story. All its spans are then started
 and ended with those times, one after the other, through the SDK's own
 tracer (its sampler, span limits and batch processor): the SDK's span code
-runs in one burst instead of scattered over the request (docs/benchmark.md,
-Tracing: what that saves).
+runs in one burst instead of scattered over the request.
+
+**And several sampled requests' spans are made together.** An ended
+request's spans wait for ``RECORD_BATCH`` requests' worth, or for the
+config's ``record_delay`` (half the batch processor's export delay, at most
+a second), whichever comes first; shutdown makes what is left. Made one
+request at a time, each burst found the SDK's code and data gone cold from
+the caches (at 1 % sampling about a hundred requests pass between two):
+docs/benchmark.md, Tracing, has what each step saved.
 """
 
 from __future__ import annotations
@@ -147,6 +154,13 @@ The deadline's timer is the event loop's, whose clock (uvloop's) moves in
 millisecond steps; a call cancelled well before it was cancelled by the caller
 leaving."""
 
+RECORD_BATCH: Final = 8
+"""Ended sampled requests whose spans are made in one go, as soon as there are this many.
+
+Enough that all but the first find the SDK's code warm; few enough that the
+burst (about 0.2 ms a request) holds the event loop no longer than a slow
+answer would."""
+
 _NO_PARENT: Final = otel_context.Context()
 _PROPAGATOR: Final = TraceContextTextMapPropagator()
 """W3C Trace Context only, whatever ``OTEL_PROPAGATORS`` says: it is what suppliers read."""
@@ -208,6 +222,21 @@ class _Sampled:
     calls: list[_Call] = attrs.Factory(list)
     circuit_open: list[tuple[str, float]] = attrs.Factory(list)
     """Suppliers not asked, their circuit being open, and when."""
+
+
+@attrs.frozen
+class _Ended:
+    """A sampled request that has been answered, waiting for its spans to be made."""
+
+    sampled: _Sampled
+    trace_id: str
+    name: str
+    """The server span's name and attributes, read from the request as it ended."""
+    attributes: dict[str, Any]
+    failed: bool
+    """A 5xx: the server span's status is an error."""
+    ended: float
+    """``time.monotonic()`` when it was answered."""
 
 
 @attrs.define
@@ -328,6 +357,11 @@ class Tracing:
         self._ids = _Ids()
         self._sampler, self._root_bound = _sampling(config)
         self._log_filter = _TraceIdInLogs()
+        self._ended: list[_Ended] = []
+        self._recording: asyncio.Handle | None = None
+        """When the waiting requests' spans will be made: the delay's timer, or the next turn."""
+        self._quiet = contextvars.Context()
+        """Where the spans are made: outside every request (log lines carry no request's trace)."""
 
     # -- the app's lifetime ----------------------------------------------------
 
@@ -356,6 +390,7 @@ class Tracing:
             yield
         finally:
             log.removeFilter(self._log_filter)
+            self._record_ended()  # every request has ended: the last ones' spans
             await self._flush(provider)
 
     async def _flush(self, provider: TracerProvider) -> None:
@@ -394,12 +429,7 @@ class Tracing:
             raise
         finally:
             if served.sampled is not None:
-                # In the loop's next turn, once this answer has been written:
-                # making the spans is not the caller's time. The callback runs
-                # in a copy of this context, so its log lines carry the trace id.
-                asyncio.get_running_loop().call_soon(
-                    self._recorded, served.sampled, request, status
-                )
+                self._end(served, request, status)
             _REQUEST.reset(token)
 
     def _root(self) -> _Request:
@@ -474,43 +504,79 @@ class Tracing:
 
     # -- a sampled request's spans, from its bill ----------------------------------
 
-    def _recorded(self, sampled: _Sampled, request: web.Request, status: int | None) -> None:
+    def _end(self, served: _Request, request: web.Request, status: int | None) -> None:
+        """A sampled request was answered: its spans wait to be made with others'."""
+        assert served.sampled is not None
+        name, attributes = _server_span(request, status)
+        failed = status is not None and status >= 500
+        self._ended.append(
+            _Ended(served.sampled, served.trace_id, name, attributes, failed, time.monotonic())
+        )
+        loop = asyncio.get_running_loop()
+        if len(self._ended) == RECORD_BATCH:
+            if self._recording is not None:
+                self._recording.cancel()
+            # The loop's next turn, once this answer has been written: making
+            # the spans is not the caller's time.
+            self._recording = loop.call_soon(self._record_ended, context=self._quiet)
+        elif self._recording is None:
+            self._recording = loop.call_later(
+                self.config.record_delay, self._record_ended, context=self._quiet
+            )
+
+    def _record_ended(self) -> None:
+        """Make the spans of every request waiting for them."""
+        if self._recording is not None:
+            self._recording.cancel()
+            self._recording = None
+        ended, self._ended = self._ended, []
+        for request in ended:
+            self._recorded(request)
+
+    def _recorded(self, ended: _Ended) -> None:
         """``_record``, whose failure (a bug of ours or the SDK's) is logged and goes no further."""
         try:
-            self._record(sampled, request, status)
+            self._record(ended)
         except Exception as exc:
-            log_event(log, logging.ERROR, "trace_failed", {}, exc_info=exc)
+            log_event(
+                log, logging.ERROR, "trace_failed", {"trace_id": ended.trace_id}, exc_info=exc
+            )
         finally:
             self._ids.hand_over()  # an id handed over and not taken goes to no other span
 
-    def _record(self, sampled: _Sampled, request: web.Request, status: int | None) -> None:
+    def _record(self, ended: _Ended) -> None:
         """Make and end every span of a request that has ended."""
         clock = _Clock()
         tracer = self._tracer
-        name, attributes = _server_span(request, status)
+        sampled = ended.sampled
         if sampled.root_trace_id is not None:
             self._ids.hand_over(trace_id=sampled.root_trace_id)
         server = tracer.start_span(
-            name,
+            ended.name,
             context=sampled.parent,
-            attributes=attributes,
+            attributes=ended.attributes,
             kind=SpanKind.SERVER,
             start_time=clock(sampled.started),
         )
-        if status is not None and status >= 500:
+        if ended.failed:
             # HTTP semantic conventions: only a 5xx is a server span's error.
             server.set_status(Status(StatusCode.ERROR))
         for supplier, when in sampled.circuit_open:
             server.add_event("circuit_open", {SUPPLIER: supplier}, timestamp=clock(when))
         context = otel_trace.set_span_in_context(server, sampled.parent)
         for call in sampled.calls:
-            self._record_call(call, context, clock)
-        server.end(end_time=clock.now_ns)
+            self._record_call(call, context, clock, ended.ended)
+        server.end(end_time=clock(ended.ended))
 
-    def _record_call(self, call: _Call, parent: otel_context.Context, clock: _Clock) -> None:
-        """The span of one supplier call, and those of its attempts, from its bill."""
+    def _record_call(
+        self, call: _Call, parent: otel_context.Context, clock: _Clock, answered: float
+    ) -> None:
+        """The span of one supplier call, and those of its attempts, from its bill.
+
+        ``answered``: when the request was; a call with no end noted ends there.
+        """
         trace = call.trace
-        ended = clock.now if call.ended is None else call.ended
+        ended = answered if call.ended is None else call.ended
         code, stopped = _call_outcome(call, ended)
         attributes: dict[str, Any] = {
             SUPPLIER: trace.supplier,

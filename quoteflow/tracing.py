@@ -62,6 +62,12 @@ DEFAULT_SERVICE_NAME: Final = "quoteflow"
 DEFAULT_FLUSH_TIMEOUT: Final = 30.0
 """Seconds shutdown waits for the last spans: ``OTEL_BSP_EXPORT_TIMEOUT``'s default."""
 
+DEFAULT_SCHEDULE_DELAY: Final = 5.0
+"""Seconds between the batch processor's exports: ``OTEL_BSP_SCHEDULE_DELAY``'s default."""
+
+RECORD_DELAY_MAX: Final = 1.0
+"""Seconds at most between a sampled request's end and its spans being made."""
+
 
 @attrs.frozen(kw_only=True)
 class TracingConfig:
@@ -76,6 +82,10 @@ class TracingConfig:
     """``OTEL_TRACES_SAMPLER_ARG`` of a ratio sampler."""
     flush_timeout: float
     """Seconds shutdown waits for the last spans to leave (``OTEL_BSP_EXPORT_TIMEOUT``)."""
+    record_delay: float = RECORD_DELAY_MAX
+    """Seconds at most a sampled request's spans wait to be made with others' (``spans.py``):
+    half the batch processor's export delay, and at most ``RECORD_DELAY_MAX``, so a
+    request's spans leave about as soon as they would if made at once."""
 
     def loggable(self) -> dict[str, object]:
         """The fields of the ``tracing_on`` start-up event."""
@@ -133,12 +143,15 @@ def tracing_from_environ(environ: Mapping[str, str]) -> TracingConfig | None:
             f"OTEL_BSP_MAX_QUEUE_SIZE {queue or 2048}"
         )
     export_timeout = limits["OTEL_BSP_EXPORT_TIMEOUT"]
+    schedule_delay = limits["OTEL_BSP_SCHEDULE_DELAY"]
+    export_delay = DEFAULT_SCHEDULE_DELAY if schedule_delay is None else schedule_delay / 1000
     return TracingConfig(
         exporters=exporters,
         endpoint=endpoint if "otlp" in exporters else None,
         sampler=sampler,
         ratio=ratio,
         flush_timeout=DEFAULT_FLUSH_TIMEOUT if export_timeout is None else export_timeout / 1000,
+        record_delay=min(RECORD_DELAY_MAX, export_delay / 2),
     )
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import attrs
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from opentelemetry.sdk.trace import TracerProvider
@@ -73,7 +74,9 @@ def start_traced(
 ) -> StartTraced:
     """Start QuoteFlow exporting to ``receiver``; ``env`` adds ``OTEL_*`` variables."""
 
-    async def start(env: dict[str, str] | None = None, **overrides: Any) -> TestClient[Any, Any]:
+    async def start(
+        env: dict[str, str] | None = None, record_delay: float | None = None, **overrides: Any
+    ) -> TestClient[Any, Any]:
         for name in list(os.environ):
             if name.startswith("OTEL_"):
                 monkeypatch.delenv(name)
@@ -82,6 +85,8 @@ def start_traced(
             monkeypatch.setenv(name, value)
         config = tracing_from_environ(os.environ)
         assert config is not None
+        if record_delay is not None:
+            config = attrs.evolve(config, record_delay=record_delay)
         values: dict[str, Any] = {
             "budget": TEST_BUDGET,
             "connect_timeout": TEST_CONNECT_TIMEOUT,
@@ -367,12 +372,41 @@ async def test_a_failure_making_the_spans_never_costs_the_answer(
     client = await start_traced()
     with caplog.at_level(logging.INFO, logger="quoteflow"):
         body = await quote(client)
-    assert body["failures"] == []  # and quote() checked the 200
-    (failed,) = [r for r in caplog.records if getattr(r, "event", None) == "trace_failed"]
+        assert body["failures"] == []  # and quote() checked the 200
+        for _ in range(200):  # its spans are made within the record delay (25 ms here)
+            failures = [r for r in caplog.records if getattr(r, "event", None) == "trace_failed"]
+            if failures:
+                break
+            await asyncio.sleep(0.01)
+    (failed,) = failures
     assert failed.levelno == logging.ERROR
     assert failed.exc_info is not None
     assert "a bug in making spans" in str(failed.exc_info[1])
     assert failed.fields["trace_id"] == body["explain"]["trace_id"]  # type: ignore[attr-defined]
+
+
+async def test_sampled_requests_spans_are_made_together_and_the_last_at_shutdown(
+    start_traced: StartTraced, receiver: Receiver
+) -> None:
+    """Spans wait for RECORD_BATCH answered requests (or the delay); shutdown makes the rest."""
+    client = await start_traced(record_delay=60)  # only the batch or the shutdown makes them
+    first = [await quote(client) for _ in range(spans.RECORD_BATCH - 1)]
+    await asyncio.sleep(0.3)  # six export periods
+    assert receiver.spans == []
+    first.append(await quote(client))
+    found = await receiver.wait_for(lambda found: len(found) >= 7 * spans.RECORD_BATCH)
+    servers = {s.attributes["quoteflow.request_id"]: s for s in found if s.kind == SERVER}
+    assert set(servers) == {body["request_id"] for body in first}
+    for body in first:  # each request's own trace, its spans under its server span
+        server = servers[body["request_id"]]
+        assert server.trace_id == body["explain"]["trace_id"]
+        own = [s for s in found if s.trace_id == server.trace_id]
+        assert len(own) == 7
+        assert {s.parent_id for s in own if s.kind == INTERNAL} == {server.span_id}
+    last = await quote(client)
+    await client.close()  # the app's cleanup makes and flushes the last one's spans
+    assert last["explain"]["trace_id"] in {s.trace_id for s in receiver.spans}
+    assert len(receiver.spans) == 7 * (spans.RECORD_BATCH + 1)
 
 
 # -- context -------------------------------------------------------------------------

@@ -40,6 +40,17 @@ def test_an_endpoint_alone_turns_otlp_on() -> None:
         "ratio": None,
     }
     assert config.flush_timeout == 30.0
+    assert config.record_delay == 1.0  # the most a sampled request's spans wait
+
+
+@pytest.mark.parametrize(("schedule_ms", "record_delay"), [("50", 0.025), ("1000", 0.5)])
+def test_spans_wait_at_most_half_the_export_delay(schedule_ms: str, record_delay: float) -> None:
+    """A short ``OTEL_BSP_SCHEDULE_DELAY``: spans are made in half of it, and leave in time."""
+    config = tracing_from_environ(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT, "OTEL_BSP_SCHEDULE_DELAY": schedule_ms}
+    )
+    assert config is not None
+    assert config.record_delay == record_delay
 
 
 def test_the_traces_endpoint_wins_and_a_password_is_not_shown() -> None:
