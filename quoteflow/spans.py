@@ -157,6 +157,7 @@ leaving."""
 RECORD_BATCH: Final = 8
 """Ended sampled requests whose spans are made in one go, as soon as there are this many.
 
+The loop's next turn makes them, with any others that ended before it.
 Enough that all but the first find the SDK's code warm; few enough that the
 burst (about 0.2 ms a request) holds the event loop no longer than a slow
 answer would."""
@@ -362,6 +363,8 @@ class Tracing:
         """When the waiting requests' spans will be made: the delay's timer, or the next turn."""
         self._quiet = contextvars.Context()
         """Where the spans are made: outside every request (log lines carry no request's trace)."""
+        self._closed = False
+        """The app's cleanup has begun: a request ending now has its spans made at once."""
 
     # -- the app's lifetime ----------------------------------------------------
 
@@ -390,8 +393,11 @@ class Tracing:
             yield
         finally:
             log.removeFilter(self._log_filter)
-            self._record_ended()  # every request has ended: the last ones' spans
-            await self._flush(provider)
+            self._closed = True
+            try:
+                self._record_ended()  # every request has ended: the last ones' spans
+            finally:
+                await self._flush(provider)
 
     async def _flush(self, provider: TracerProvider) -> None:
         """Export what is queued, waiting at most ``flush_timeout`` for a collector that hangs."""
@@ -428,9 +434,9 @@ class Tracing:
             status = exc.status
             raise
         finally:
+            _REQUEST.reset(token)
             if served.sampled is not None:
                 self._end(served, request, status)
-            _REQUEST.reset(token)
 
     def _root(self) -> _Request:
         """The trace of a request that brings none: sampled by its trace id's rule, no SDK call."""
@@ -505,13 +511,27 @@ class Tracing:
     # -- a sampled request's spans, from its bill ----------------------------------
 
     def _end(self, served: _Request, request: web.Request, status: int | None) -> None:
-        """A sampled request was answered: its spans wait to be made with others'."""
+        """A sampled request was answered: its spans wait to be made with others'.
+
+        Whatever goes wrong here is logged and goes no further: the answer
+        is the caller's, not the trace's.
+        """
         assert served.sampled is not None
-        name, attributes = _server_span(request, status)
-        failed = status is not None and status >= 500
-        self._ended.append(
-            _Ended(served.sampled, served.trace_id, name, attributes, failed, time.monotonic())
-        )
+        try:
+            name, attributes = _server_span(request, status)
+            failed = status is not None and status >= 500
+            ended = _Ended(
+                served.sampled, served.trace_id, name, attributes, failed, time.monotonic()
+            )
+        except Exception as exc:
+            log_event(
+                log, logging.ERROR, "trace_failed", {"trace_id": served.trace_id}, exc_info=exc
+            )
+            return
+        if self._closed:  # past the cleanup's last making: now or never
+            self._recorded(ended)
+            return
+        self._ended.append(ended)
         loop = asyncio.get_running_loop()
         if len(self._ended) == RECORD_BATCH:
             if self._recording is not None:
@@ -527,7 +547,7 @@ class Tracing:
     def _record_ended(self) -> None:
         """Make the spans of every request waiting for them."""
         if self._recording is not None:
-            self._recording.cancel()
+            self._recording.cancel()  # the delay's timer, when the batch filled up first
             self._recording = None
         ended, self._ended = self._ended, []
         for request in ended:

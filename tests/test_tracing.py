@@ -357,32 +357,43 @@ async def test_a_named_callers_requests_carry_its_name_refused_or_not(
     assert named == {request_id: (status, "acme") for request_id, status in ids.items()}
 
 
+@pytest.mark.parametrize("broken_part", ["_record", "_server_span"])
 async def test_a_failure_making_the_spans_never_costs_the_answer(
+    broken_part: str,
     start_traced: StartTraced,
     receiver: Receiver,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Spans that cannot be made (a bug): the answer is still the 200, the bug is logged."""
+    """A bug making the spans, in a batch or reading the request as it ends: every answer is
+    still the 200, and each bug is logged with its own request's trace id."""
 
     def broken(*args: object) -> None:
         raise RuntimeError("a bug in making spans")
 
-    monkeypatch.setattr(spans.Tracing, "_record", broken)
-    client = await start_traced()
+    if broken_part == "_record":
+        monkeypatch.setattr(spans.Tracing, "_record", broken)
+    else:
+        monkeypatch.setattr(spans, "_server_span", broken)
+    client = await start_traced(record_delay=60)  # only a full batch makes spans
     with caplog.at_level(logging.INFO, logger="quoteflow"):
-        body = await quote(client)
-        assert body["failures"] == []  # and quote() checked the 200
-        for _ in range(200):  # its spans are made within the record delay (25 ms here)
+        bodies = [await quote(client) for _ in range(spans.RECORD_BATCH)]  # each checked: 200
+        failures: list[logging.LogRecord] = []
+        for _ in range(200):  # the batch is made in the loop's next turn
             failures = [r for r in caplog.records if getattr(r, "event", None) == "trace_failed"]
-            if failures:
+            if len(failures) == spans.RECORD_BATCH:
                 break
             await asyncio.sleep(0.01)
-    (failed,) = failures
-    assert failed.levelno == logging.ERROR
-    assert failed.exc_info is not None
-    assert "a bug in making spans" in str(failed.exc_info[1])
-    assert failed.fields["trace_id"] == body["explain"]["trace_id"]  # type: ignore[attr-defined]
+    assert all(body["failures"] == [] for body in bodies)
+    for failed in failures:
+        assert failed.levelno == logging.ERROR
+        assert failed.exc_info is not None
+        assert "a bug in making spans" in str(failed.exc_info[1])
+    assert [failed.fields["trace_id"] for failed in failures] == [  # type: ignore[attr-defined]
+        body["explain"]["trace_id"] for body in bodies
+    ]
+    await asyncio.sleep(0.2)
+    assert receiver.spans == []
 
 
 async def test_sampled_requests_spans_are_made_together_and_the_last_at_shutdown(
@@ -390,16 +401,22 @@ async def test_sampled_requests_spans_are_made_together_and_the_last_at_shutdown
 ) -> None:
     """Spans wait for RECORD_BATCH answered requests (or the delay); shutdown makes the rest."""
     client = await start_traced(record_delay=60)  # only the batch or the shutdown makes them
-    first = [await quote(client) for _ in range(spans.RECORD_BATCH - 1)]
-    await asyncio.sleep(0.3)  # six export periods
-    assert receiver.spans == []
-    first.append(await quote(client))
+    first: list[dict[str, Any]] = []
+    answered_ns: dict[str, int] = {}  # when each answer had arrived: its server span ended before
+    for _ in range(spans.RECORD_BATCH):
+        if len(first) == spans.RECORD_BATCH - 1:
+            await asyncio.sleep(0.3)  # six export periods
+            assert receiver.spans == []
+        first.append(await quote(client))
+        answered_ns[first[-1]["request_id"]] = time.time_ns()
     found = await receiver.wait_for(lambda found: len(found) >= 7 * spans.RECORD_BATCH)
     servers = {s.attributes["quoteflow.request_id"]: s for s in found if s.kind == SERVER}
     assert set(servers) == {body["request_id"] for body in first}
     for body in first:  # each request's own trace, its spans under its server span
         server = servers[body["request_id"]]
         assert server.trace_id == body["explain"]["trace_id"]
+        # Its times are the request's, not when the batch was made (at the eighth answer).
+        assert server.end_ns <= answered_ns[body["request_id"]] + 2_000_000
         own = [s for s in found if s.trace_id == server.trace_id]
         assert len(own) == 7
         assert {s.parent_id for s in own if s.kind == INTERNAL} == {server.span_id}
