@@ -421,7 +421,7 @@ class Tracing:
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Every request's trace: decided as it arrives, its spans made as it ends."""
+        """Every request's trace: decided as it arrives; a sampled one's spans follow its end."""
         headers = request.headers
         served = self._continued(headers) if "traceparent" in headers else self._root()
         token = _REQUEST.set(served)
