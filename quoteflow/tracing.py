@@ -94,6 +94,7 @@ class TracingConfig:
             "endpoint": self.endpoint,
             "sampler": self.sampler,
             "ratio": self.ratio,
+            "record_delay_s": self.record_delay,
         }
 
 

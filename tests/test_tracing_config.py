@@ -38,6 +38,7 @@ def test_an_endpoint_alone_turns_otlp_on() -> None:
         "endpoint": ENDPOINT + "/v1/traces",
         "sampler": "parentbased_always_on",
         "ratio": None,
+        "record_delay_s": 1.0,
     }
     assert config.flush_timeout == 30.0
     assert config.record_delay == 1.0  # the most a sampled request's spans wait
