@@ -252,7 +252,7 @@ class _Request:
     """``-01`` sampled, ``-00`` not, the random flag (``02``) added as the SDK would."""
     tracestate: str | None
     sampled: _Sampled | None
-    """None: the sampler dropped it; nothing is recorded."""
+    """None: the sampler dropped it, or it has been answered; nothing (more) is recorded."""
 
 
 # The request's trace lives in context variables of ours, not in OpenTelemetry's
@@ -260,8 +260,12 @@ class _Request:
 # a single lookup where the API's takes several calls.
 _REQUEST: contextvars.ContextVar[_Request] = contextvars.ContextVar("quoteflow_request_trace")
 """The request being served (supplier calls run in tasks that inherit it)."""
-_CALL: contextvars.ContextVar[_Call] = contextvars.ContextVar("quoteflow_supplier_call")
-"""The sampled supplier call of this task (each supplier call runs in a task of its own)."""
+_CALL: contextvars.ContextVar[list[_Call]] = contextvars.ContextVar("quoteflow_supplier_call")
+"""The sampled supplier call of this task (each supplier call runs in a task of its own).
+
+Held in a list that is emptied when the call ends: a supplier connection
+opened during the call runs its callbacks in a copy of this context for as
+long as it is kept alive, and must not keep the call's bill with it."""
 
 
 def _exporter(name: str) -> SpanExporter:
@@ -503,8 +507,8 @@ class Tracing:
         )
         if served.sampled is not None:
             call = _CALL.get(None)
-            if call is not None:
-                call.sent.append(_Attempt(attempt, span_id, url))
+            if call:
+                call[0].sent.append(_Attempt(attempt, span_id, url))
         if served.tracestate is not None:
             headers["tracestate"] = served.tracestate
 
@@ -516,13 +520,15 @@ class Tracing:
         Whatever goes wrong here is logged and goes no further: the answer
         is the caller's, not the trace's.
         """
-        assert served.sampled is not None
+        sampled = served.sampled
+        assert sampled is not None
+        # A supplier connection opened while it ran keeps a copy of its context
+        # (``served`` with it) while it is kept alive: not its bills as well.
+        served.sampled = None
         try:
             name, attributes = _server_span(request, status)
             failed = status is not None and status >= 500
-            ended = _Ended(
-                served.sampled, served.trace_id, name, attributes, failed, time.monotonic()
-            )
+            ended = _Ended(sampled, served.trace_id, name, attributes, failed, time.monotonic())
         except Exception as exc:
             log_event(
                 log, logging.ERROR, "trace_failed", {"trace_id": served.trace_id}, exc_info=exc
@@ -767,7 +773,8 @@ class _RecordingGateway:
         self, call: _Call, request: QuoteRequest, request_id: str
     ) -> SupplierQuote | Failure:
         # This coroutine is the supplier call's task: the variable is that task's alone.
-        token = _CALL.set(call)
+        current = [call]
+        token = _CALL.set(current)
         try:
             call.outcome = await self._inner.quote(call.trace, request, request_id, call.deadline)
             return call.outcome
@@ -776,6 +783,7 @@ class _RecordingGateway:
             raise
         finally:
             call.ended = time.monotonic()
+            current.clear()
             _CALL.reset(token)
 
 

@@ -9,13 +9,15 @@ spans go over HTTP to ``tests.otlp.Receiver``, which decodes them with
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
 import random
 import signal
 import time
-from collections.abc import Awaitable, Callable
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +33,12 @@ from pytest_aiohttp import AiohttpClient, AiohttpServer
 from provider_lab.app import create_app as create_lab
 from provider_lab.state import LabConfig
 from quoteflow import spans
-from quoteflow.app import create_app
+from quoteflow.app import GatewayFactory, create_app
 from quoteflow.auth import ApiKeys
 from quoteflow.callers import load_callers
 from quoteflow.config import Settings
+from quoteflow.models import Failure, QuoteRequest, SupplierQuote, SupplierTrace
+from quoteflow.service import SupplierGateway
 from quoteflow.spans import _sampling
 from quoteflow.tracing import SAMPLERS, tracing_from_environ
 from tests.callers_files import bearer, write_callers
@@ -75,7 +79,10 @@ def start_traced(
     """Start QuoteFlow exporting to ``receiver``; ``env`` adds ``OTEL_*`` variables."""
 
     async def start(
-        env: dict[str, str] | None = None, record_delay: float | None = None, **overrides: Any
+        env: dict[str, str] | None = None,
+        record_delay: float | None = None,
+        gateway: GatewayFactory | None = None,
+        **overrides: Any,
     ) -> TestClient[Any, Any]:
         for name in list(os.environ):
             if name.startswith("OTEL_"):
@@ -93,7 +100,7 @@ def start_traced(
             "provider_url": str(lab.make_url("")).rstrip("/"),
         }
         values.update(overrides)
-        return await aiohttp_client(create_app(Settings(**values), tracing=config))
+        return await aiohttp_client(create_app(Settings(**values), tracing=config, gateway=gateway))
 
     return start
 
@@ -424,6 +431,38 @@ async def test_sampled_requests_spans_are_made_together_and_the_last_at_shutdown
     await client.close()  # the app's cleanup makes and flushes the last one's spans
     assert last["explain"]["trace_id"] in {s.trace_id for s in receiver.spans}
     assert len(receiver.spans) == 7 * (spans.RECORD_BATCH + 1)
+
+
+async def test_a_pooled_supplier_connection_keeps_nothing_of_a_sampled_request(
+    start_traced: StartTraced, lab: TestServer, receiver: Receiver
+) -> None:
+    """A kept-alive connection runs its callbacks in the context it was opened in.
+
+    That is the context of the sampled request whose supplier call opened
+    it, for as long as the connection lives: once its spans are made,
+    nothing of that request's bills may be held there.
+    """
+    kept: list[weakref.ref[SupplierTrace]] = []
+
+    class Noting:
+        def __init__(self, inner: SupplierGateway) -> None:
+            self.inner = inner
+
+        def quote(
+            self, trace: SupplierTrace, request: QuoteRequest, request_id: str, deadline: float
+        ) -> Coroutine[Any, Any, SupplierQuote | Failure]:
+            kept.append(weakref.ref(trace))
+            return self.inner.quote(trace, request, request_id, deadline)
+
+    client = await start_traced(record_delay=0.01, gateway=Noting)
+    await quote(client)
+    await receiver.wait_for(lambda found: len(found) >= 7)
+    assert lab.runner is not None
+    assert lab.runner.server is not None
+    assert len(lab.runner.server.connections) == 3  # still open, kept for the next request
+    gc.collect()
+    assert len(kept) == 3
+    assert [ref() for ref in kept] == [None, None, None]
 
 
 # -- context -------------------------------------------------------------------------
