@@ -433,14 +433,16 @@ async def test_sampled_requests_spans_are_made_together_and_the_last_at_shutdown
     assert len(receiver.spans) == 7 * (spans.RECORD_BATCH + 1)
 
 
+@pytest.mark.parametrize("sharing", [{}, {"coalesce": True}], ids=["direct", "coalesced"])
 async def test_a_pooled_supplier_connection_keeps_nothing_of_a_sampled_request(
-    start_traced: StartTraced, lab: TestServer, receiver: Receiver
+    start_traced: StartTraced, lab: TestServer, receiver: Receiver, sharing: dict[str, Any]
 ) -> None:
     """A kept-alive connection runs its callbacks in the context it was opened in.
 
     That is the context of the sampled request whose supplier call opened
-    it, for as long as the connection lives: once its spans are made,
-    nothing of that request's bills may be held there.
+    it (or of the shared call's task, a copy of it), for as long as the
+    connection lives: once its spans are made, nothing of that request's
+    bills may be held there.
     """
     kept: list[weakref.ref[SupplierTrace]] = []
 
@@ -454,7 +456,7 @@ async def test_a_pooled_supplier_connection_keeps_nothing_of_a_sampled_request(
             kept.append(weakref.ref(trace))
             return self.inner.quote(trace, request, request_id, deadline)
 
-    client = await start_traced(record_delay=0.01, gateway=Noting)
+    client = await start_traced(record_delay=0.01, gateway=Noting, **sharing)
     await quote(client)
     await receiver.wait_for(lambda found: len(found) >= 7)
     assert lab.runner is not None
