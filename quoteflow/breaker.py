@@ -12,15 +12,30 @@ supplier at once (``circuit_open``) while it is out:
 
 What counts is what the supplier did with the attempts it was sent:
 
-    failure   ``timeout`` (the deadline ran out on an attempt it had been sent),
-              ``transport_error``, a 5xx after the last attempt
+    failure   ``timeout`` (the deadline cut an attempt it had been sent, after
+              that attempt had a fair time, below), ``transport_error``, a 5xx
+              after the last attempt
     success   a quote — also one a retry brought: the streak starts again
     neither   a 4xx (a valid answer about that SKU), ``invalid_data``, a call
               the caller cancelled, a call that timed out before a single
-              attempt was sent (QuoteFlow's own limits held it back), an
-              outcome this request did not ask for itself: a shared call's
-              (it is judged once, on the bill of the request that holds its
-              attempts) or the cache's
+              attempt was sent or gave its place in the slot queue up
+              (QuoteFlow's own limits held it back), an attempt the deadline
+              cut before it had a fair time (judged by the attempts before
+              it, if any), an outcome this request did not ask for itself: a
+              shared call's (it is judged once, on the bill of the request
+              that holds its attempts) or the cache's
+
+A fair time, the fair-chance rule: a supplier is blamed for an attempt the
+deadline cut only if that attempt ran for at least the supplier's
+``read_timeout`` — or, where that is longer than the budget, what the
+supplier has been seen to need (the retry planner's learned attempt time),
+never less than ``min_attempt_time``, which is also what a supplier with no
+answers yet gets. An attempt that got its slot late because QuoteFlow's own
+queue was long is cut short by the deadline through no fault of the
+supplier's: counted, it would eject healthy slow suppliers exactly when
+QuoteFlow is busiest. One that hangs from its first request still trips:
+cut at the deadline it has run far past ``min_attempt_time``. The bill marks
+an attempt cut short (``cut_short``).
 
 In half-open exactly one request at a time probes, under its normal budget
 and rules; every other request gets ``circuit_open`` meanwhile. A probe that
@@ -45,7 +60,7 @@ from typing import Final
 
 import attrs
 
-from quoteflow.models import TIMEOUT, TRANSPORT_ERROR, Failure, SupplierQuote
+from quoteflow.models import TIMEOUT, TRANSPORT_ERROR, AttemptRecord, Failure, SupplierQuote
 
 
 class State(enum.IntEnum):
@@ -78,22 +93,26 @@ class Verdict(enum.Enum):
     """Nothing learned: cancelled, or never sent."""
 
 
-def verdict(outcome: SupplierQuote | Failure | None, sent: bool) -> Verdict:
+def verdict(outcome: SupplierQuote | Failure | None, attempts: list[AttemptRecord]) -> Verdict:
     """Judge one supplier call by its outcome (None: cut off by the deadline).
 
-    ``sent``: the request's bill holds at least one attempt. Without one the
+    ``attempts``: the request's bill for the supplier. Without one the
     supplier was told nothing by this request: the call was cut off waiting
-    for a slot, or the outcome came from a call another request made and
-    reports (``--coalesce``), or from the cache.
+    for a slot or gave its place up, or the outcome came from a call another
+    request made and reports (``--coalesce``), or from the cache.
     """
-    if not sent:
+    if not attempts:
         return Verdict.UNKNOWN
     if isinstance(outcome, SupplierQuote):
         return Verdict.SUCCESS
-    code = TIMEOUT if outcome is None else outcome.code
-    if code == TIMEOUT:
-        return Verdict.FAILURE
-    if code == TRANSPORT_ERROR or code.startswith("http_5"):
+    if outcome is None and attempts[-1].cut_short:
+        # Not the supplier's failure: judge what it did before, if anything.
+        return _judge_code(attempts[-2].outcome) if len(attempts) > 1 else Verdict.UNKNOWN
+    return _judge_code(TIMEOUT if outcome is None else outcome.code)
+
+
+def _judge_code(code: str) -> Verdict:
+    if code in (TIMEOUT, TRANSPORT_ERROR) or code.startswith("http_5"):
         return Verdict.FAILURE
     return Verdict.ANSWERED
 

@@ -160,7 +160,7 @@ class CoalescingGateway:
         return outcome
 
     def _start(self, key: _Key, starter: _Waiter, request: QuoteRequest) -> _SharedCall:
-        bill = SupplierTrace(starter.trace.supplier)
+        bill = SupplierTrace(starter.trace.supplier, probe=starter.trace.probe)
         deadline = MovingDeadline(starter.deadline)
         call = _SharedCall(key, starter, bill, starter, {starter}, deadline)
         # Its own task, outside the starter's cancel scope: the starter leaving

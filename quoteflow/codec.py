@@ -329,8 +329,9 @@ def encode_explain(report: QuoteReport) -> dict[str, Any]:
     deadline = report.deadline
     suppliers: dict[str, Any] = {}
     for trace in report.traces:
-        suppliers[trace.supplier] = bill = {
-            "attempts": [
+        attempts: list[dict[str, Any]] = []
+        for record in trace.attempts:
+            attempts.append(
                 {
                     "attempt": record.attempt,
                     "start_ms": _ms(record.started - report.admitted_at),
@@ -341,10 +342,15 @@ def encode_explain(report: QuoteReport) -> dict[str, Any]:
                     "backoff_ms": None if record.backoff is None else _ms(record.backoff),
                     "remaining_ms": _ms(deadline - record.ended),
                 }
-                for record in trace.attempts
-            ],
-            "stopped": trace.stopped,
-        }
+            )
+            if record.cut_short:
+                attempts[-1]["cut_short"] = True  # not counted by the breaker
+        bill: dict[str, Any] = {"attempts": attempts, "stopped": trace.stopped}
+        suppliers[trace.supplier] = bill
+        if trace.gave_up_after is not None:
+            bill["gave_up_after_ms"] = _ms(trace.gave_up_after)
+        if trace.probe:
+            bill["probe"] = True
         # Present only when coalescing or the cache had a hand in the outcome.
         if trace.joined is not None:
             bill["joined"] = trace.joined

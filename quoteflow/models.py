@@ -152,6 +152,10 @@ STOPPED_ATTEMPTS_EXHAUSTED = "attempts_exhausted"
 STOPPED_DEADLINE = "deadline"
 STOPPED_NO_TIME = "no_time"
 """The budget left could not cover the backoff and a useful attempt."""
+STOPPED_NO_SLOT_IN_TIME = "no_slot_in_time"
+"""An attempt waited for an outbound slot until the deadline no longer left it the
+time the supplier needs: it gave its place up and the supplier was answered at once
+(``timeout`` for a first attempt, the last attempt's code for a retry)."""
 STOPPED_RETRY_AFTER = "retry_after"
 """The supplier's Retry-After asked for a wait the budget could not afford."""
 STOPPED_RETRY_BUDGET = "retry_budget"
@@ -179,6 +183,9 @@ class AttemptRecord:
     status: int | None
     backoff: float | None = None
     """Seconds slept after this attempt before the next one, if any."""
+    cut_short: bool = False
+    """The request's deadline cut it before it had a fair time (``breaker.py``):
+    QuoteFlow's own lateness, not the supplier's failure."""
 
     @property
     def ended(self) -> float:
@@ -197,6 +204,10 @@ class SupplierTrace:
     attempts: list[AttemptRecord] = attrs.Factory(list)
     stopped: str | None = None
     """Why no further attempt was made; set once the call ends."""
+    probe: bool = False
+    """The call is its supplier's half-open probe: it always waits for its slot."""
+    gave_up_after: float | None = None
+    """Seconds an attempt waited for a slot before giving its place up (``no_slot_in_time``)."""
     joined: str | None = None
     """The request id of the shared call this request joined (``--coalesce``)."""
     handed_over: str | None = None

@@ -32,6 +32,7 @@ from quoteflow.models import (
     STOPPED_CACHED,
     STOPPED_CIRCUIT_OPEN,
     STOPPED_DEADLINE,
+    STOPPED_NO_SLOT_IN_TIME,
     STOPPED_NO_TIME,
     STOPPED_RETRY_AFTER,
     STOPPED_RETRY_BUDGET,
@@ -251,6 +252,11 @@ class Telemetry:
             "Suppliers still working when the request's deadline came.",
             ("supplier",),
         )
+        self._gave_up = PlainCounter(
+            "quoteflow_slot_give_ups",
+            "Supplier calls answered at once: no outbound slot came while they could finish.",
+            ("supplier",),
+        )
         self._circuit_open = PlainCounter(
             "quoteflow_circuit_open_answers",
             "Supplier calls not made because the supplier's circuit was open.",
@@ -291,6 +297,7 @@ class Telemetry:
             self._refusals,
             self._disconnects,
             self._timeouts,
+            self._gave_up,
             self._circuit_open,
             self._circuit_moves,
             self._inbound,
@@ -510,6 +517,8 @@ class Telemetry:
                 self._timeouts.inc(trace.supplier)
             elif trace.stopped == STOPPED_CIRCUIT_OPEN:
                 self._circuit_open.inc(trace.supplier)
+            elif trace.stopped == STOPPED_NO_SLOT_IN_TIME:
+                self._gave_up.inc(trace.supplier)
             elif trace.stopped in RETRY_REFUSALS:
                 self._refusals.inc(trace.supplier, trace.stopped)
         self._requests.inc(OK)
@@ -610,6 +619,8 @@ def _attempt_fields(
     }
     if record.backoff is not None:
         fields["backoff_ms"] = round(record.backoff * 1000, 3)
+    if record.cut_short:
+        fields["cut_short"] = True
     if record.attempt == last:
         fields["stopped"] = trace.stopped
     return fields

@@ -76,6 +76,11 @@ class AttemptTimeEstimate:
         self._recent.append(seconds)
 
     @property
+    def seen(self) -> bool:
+        """Whether any attempt has answered yet: without that, nothing is known of its time."""
+        return bool(self._recent)
+
+    @property
     def needed(self) -> float:
         """Seconds a new attempt should have left to be worth starting."""
         if not self._recent:

@@ -188,6 +188,7 @@ class QuoteService:
                             if self._circuit_open is not None:
                                 self._circuit_open(trace.supplier)
                             continue
+                        trace.probe = permit is Permit.PROBE
                         gateway_call = self._gateway.quote(trace, request, request_id, deadline)
                         asked.append((trace, permit, group.create_task(gateway_call)))
                     if asked:
@@ -255,8 +256,8 @@ def _judge(
     if breakers is not None:
         breaker = breakers.get(trace.supplier)
         if breaker is not None:
-            sent = bool(trace.attempts)
-            breaker.record(permit, verdict(outcome, sent) if judged is None else judged)
+            judged = verdict(outcome, trace.attempts) if judged is None else judged
+            breaker.record(permit, judged)
 
 
 def _rank(

@@ -11,6 +11,14 @@ were a visible part of QuoteFlow's CPU per request.
 No lock: every call comes from the event loop's thread, and nothing between
 checking and taking a slot awaits.
 
+A waiter may bring its ``Patience``: the latest moment at which its attempt
+could still finish inside its request's deadline (the deadline less what the
+supplier has been seen to need). When that moment passes it gives its place
+up at once — ``acquire`` answers False — rather than take a slot it could
+only waste: granted first come, first served to calls that can no longer
+finish, the slots convoy behind the deadline and deliver almost nothing
+(docs/retries.md, "Slots for calls that can still finish").
+
 ``OutboundLimiter`` is the seam: the supplier client needs only ``acquire``,
 ``release`` and ``in_use``. ``OutboundSlots`` holds them for one process;
 ``fleet.FleetSlots`` holds them for every worker sharing a Redis (fleet mode).
@@ -20,8 +28,59 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import Iterable, Mapping
 from typing import Protocol
+
+from quoteflow.models import MovingDeadline
+
+
+class Patience:
+    """How long one attempt may wait for a slot: while the deadline leaves it ``needed`` seconds.
+
+    ``deadline`` is a ``time.monotonic()`` value, or a shared call's
+    ``MovingDeadline``, read afresh each time (it moves while the call runs).
+    """
+
+    __slots__ = ("deadline", "needed")
+
+    def __init__(self, deadline: float | MovingDeadline, needed: float) -> None:
+        self.deadline = deadline
+        self.needed = needed
+
+    def left(self) -> float:
+        """Seconds the attempt may still wait (zero or less: too late to start)."""
+        return self.deadline - time.monotonic() - self.needed
+
+
+class GiveUp:
+    """Answers a slot waiter False when its patience runs out, unless a slot came first.
+
+    The waiter's future is resolved, not cancelled: cancellation is the
+    request's deadline (or its caller leaving), and the two must never be
+    confused. A hand-out skips a future that is already done, so a waiter
+    that gave up is passed over exactly like one that was cancelled.
+    """
+
+    __slots__ = ("_granted", "_patience", "_timer")
+
+    def __init__(self, granted: asyncio.Future[bool], patience: Patience, wait: float) -> None:
+        self._granted = granted
+        self._patience = patience
+        self._timer = asyncio.get_running_loop().call_later(wait, self._check)
+
+    def _check(self) -> None:
+        if self._granted.done():
+            return
+        wait = self._patience.left()
+        if wait > 0:  # a shared call's deadline moved later meanwhile
+            self._timer = asyncio.get_running_loop().call_later(wait, self._check)
+        else:
+            self._granted.set_result(False)
+
+    def cancel(self) -> None:
+        """The wait is over (a slot came, or the call was cancelled): no more checks."""
+        self._timer.cancel()
 
 
 class OutboundLimiter(Protocol):
@@ -32,8 +91,12 @@ class OutboundLimiter(Protocol):
         """Slots this process's attempts hold now."""
         ...
 
-    async def acquire(self, supplier: str) -> None:
-        """Wait until an attempt at ``supplier`` may start; a cancelled wait holds nothing."""
+    async def acquire(self, supplier: str, patience: Patience | None = None) -> bool:
+        """Wait until an attempt at ``supplier`` may start (True), or its ``patience`` runs out.
+
+        False: the attempt could no longer finish in time and holds nothing.
+        Without ``patience`` it waits until a slot comes. A cancelled wait holds nothing.
+        """
         ...
 
     def release(self, supplier: str) -> None:
@@ -50,7 +113,7 @@ class OutboundSlots:
         self._share = dict(shares)
         self._held = dict.fromkeys(shares, 0)
         self._current = set(shares)
-        self._waiting: collections.deque[tuple[str, asyncio.Future[None]]] = collections.deque()
+        self._waiting: collections.deque[tuple[str, asyncio.Future[bool]]] = collections.deque()
 
     def share(self, supplier: str) -> int:
         """Slots ``supplier`` may hold at once."""
@@ -89,26 +152,42 @@ class OutboundSlots:
         """Slots ``supplier``'s attempts hold now."""
         return self._held[supplier]
 
-    async def acquire(self, supplier: str) -> None:
-        """Take a slot for ``supplier``, waiting first come, first served until one fits."""
+    async def acquire(self, supplier: str, patience: Patience | None = None) -> bool:
+        """Take a slot for ``supplier``, waiting first come, first served until one fits.
+
+        With ``patience``, the wait ends False — holding nothing, out of the
+        queue — once the attempt could no longer finish in time.
+        """
         if self.free and self._held[supplier] < self._share[supplier]:
             # Nobody waiting could use this slot: release() hands a slot to
             # every waiter it fits the moment it frees, so whoever still waits
             # is waiting for their own supplier's share.
             self.free -= 1
             self._held[supplier] += 1
-            return
-        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            return True
+        give_up: GiveUp | None = None
+        granted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        if patience is not None:
+            wait = patience.left()
+            if wait <= 0:
+                return False  # too late already: never queued
+            give_up = GiveUp(granted, patience, wait)
         entry = (supplier, granted)
         self._waiting.append(entry)
         try:
-            await granted
+            if await granted:
+                return True
         except asyncio.CancelledError:
-            if granted.done() and not granted.cancelled():
+            if granted.done() and not granted.cancelled() and granted.result():
                 self.release(supplier)  # handed a slot, then cancelled before using it
             else:
                 self._waiting.remove(entry)
             raise
+        finally:
+            if give_up is not None:
+                give_up.cancel()
+        self._waiting.remove(entry)  # gave up: its place goes to whoever can still use it
+        return False
 
     def release(self, supplier: str) -> None:
         """Give back ``supplier``'s slot, handing it on to the first waiter it fits."""
@@ -122,9 +201,10 @@ class OutboundSlots:
         while self.free and index < len(self._waiting):
             supplier, granted = self._waiting[index]
             if granted.done() or self._held[supplier] >= self._share[supplier]:
-                index += 1  # cancelled and about to leave, or its supplier is at its share
+                # Cancelled or given up and about to leave, or its supplier is at its share.
+                index += 1
                 continue
             del self._waiting[index]
             self.free -= 1
             self._held[supplier] += 1
-            granted.set_result(None)
+            granted.set_result(True)

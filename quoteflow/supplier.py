@@ -41,6 +41,7 @@ from quoteflow.models import (
     INVALID_DATA,
     OK,
     STOPPED_ATTEMPTS_EXHAUSTED,
+    STOPPED_NO_SLOT_IN_TIME,
     STOPPED_NO_TIME,
     STOPPED_NOT_RETRYABLE,
     STOPPED_RETRY_AFTER,
@@ -57,7 +58,7 @@ from quoteflow.models import (
     http_failure_code,
 )
 from quoteflow.retry import AttemptTimeEstimate, RetryBudget, RetryLimiter, retry_after_delay
-from quoteflow.slots import OutboundLimiter, OutboundSlots
+from quoteflow.slots import OutboundLimiter, OutboundSlots, Patience
 
 log = logging.getLogger("quoteflow")
 
@@ -101,6 +102,10 @@ class _AttemptResult:
     """Seconds the supplier asked us to wait (``Retry-After`` on a 503)."""
 
 
+_NO_SLOT_IN_TIME: Final = _AttemptResult(None, TIMEOUT)
+"""An attempt that gave its place in the slot queue up: it was never sent."""
+
+
 @attrs.frozen
 class _Answer:
     """A 200 body with the answer's ``Cache-Control`` (only when the quote cache wants it)."""
@@ -125,6 +130,7 @@ def _record(
     ended: float,
     outcome: str,
     status: int | None = None,
+    cut_short: bool = False,
 ) -> AttemptRecord:
     return AttemptRecord(
         attempt=attempt,
@@ -133,6 +139,7 @@ def _record(
         duration=ended - started,
         outcome=outcome,
         status=status,
+        cut_short=cut_short,
     )
 
 
@@ -162,6 +169,9 @@ class _SupplierState:
         self.headers = dict(supplier.headers)
         """The catalogue's headers, sent on every attempt (empty for the lab's suppliers)."""
         self.adapter: Adapter | None = supplier.adapter
+        self.fair_time = supplier.read_timeout if supplier.read_timeout < settings.budget else None
+        """Time an attempt cut by the deadline must have had to count against the
+        supplier: its read timeout, or (None) what it has been seen to need."""
         self.get_options: dict[str, Any] = {"allow_redirects": False}
         """Keyword arguments of every ``session.get``, fixed here rather than per attempt."""
         if (supplier.connect_timeout, supplier.read_timeout) != (
@@ -296,8 +306,16 @@ class SupplierClient:
         state = self._suppliers[trace.supplier]
         call = _Call(state.url_for(request), request, request_id, deadline)
         state.retry_budget.first_attempt()
+        result: _AttemptResult | None = None
         for attempt in range(1, self._attempts + 1):
-            result = await self._attempt(state, call, trace, attempt)  # slot taken and given back
+            tried = await self._attempt(state, call, trace, attempt)  # slot taken and given back
+            if tried is _NO_SLOT_IN_TIME:
+                # No slot came while the attempt could still finish: answer now,
+                # with the last attempt's code if there was one.
+                trace.stopped = STOPPED_NO_SLOT_IN_TIME
+                result = result or tried
+                break
+            result = tried
             if attempt > 1 and result.quote is not None:
                 state.retry_budget.paid_off()
             if result.quote is not None:
@@ -317,6 +335,7 @@ class SupplierClient:
             # capacity a healthy one could use; the caller's deadline still runs.
             trace.attempts[-1] = attrs.evolve(trace.attempts[-1], backoff=backoff)
             await asyncio.sleep(backoff)
+        assert result is not None
         return Failure(trace.supplier, result.code)
 
     def _plan_retry(
@@ -342,9 +361,19 @@ class SupplierClient:
         """One attempt: wait for a slot, fetch, give the slot back, then decode."""
         waiting_since = time.monotonic()
         started: float | None = None
+        estimate = state.attempt_time
+        # Wait for a slot only while the attempt could still finish: the time
+        # this supplier has been seen to need must be left when it starts. With
+        # no answer seen yet nothing is known, so it always waits; so does the
+        # half-open probe, the only way a supplier's circuit closes again.
+        patience = (
+            Patience(call.deadline, estimate.needed) if estimate.seen and not trace.probe else None
+        )
         try:
             # One wait for both the shared slot and room in the supplier's share.
-            await self._slots.acquire(trace.supplier)
+            if not await self._slots.acquire(trace.supplier, patience):
+                trace.gave_up_after = time.monotonic() - waiting_since
+                return _NO_SLOT_IN_TIME
             try:
                 started = time.monotonic()
                 headers = {
@@ -366,7 +395,13 @@ class SupplierClient:
             # reached the supplier and is not an attempt.
             if started is not None:
                 now = time.monotonic()
-                trace.attempts.append(_record(attempt, waiting_since, started, now, TIMEOUT))
+                # Cut before it had a fair time: QuoteFlow was late, not the
+                # supplier (its breaker does not count it, ``breaker.py``).
+                fair = estimate.needed if state.fair_time is None else state.fair_time
+                cut_short = now - started < fair
+                trace.attempts.append(
+                    _record(attempt, waiting_since, started, now, TIMEOUT, cut_short=cut_short)
+                )
             raise
         assert started is not None
         ended = time.monotonic()

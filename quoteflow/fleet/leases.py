@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 
 from quoteflow.fleet.safe import safe_share
 from quoteflow.fleet.timing import IDLE_SLACK, LEASE_TRUST, LINGER, POLL
+from quoteflow.slots import GiveUp, Patience
 
 JOINING, FLEET, LOCAL = "joining", "fleet", "local"
 """Modes of ``FleetSlots``: before the first sync, leases in force, on its own (safe share)."""
@@ -72,7 +73,7 @@ class FleetSlots:
         self._recorded = dict.fromkeys(self._held, 0)
         """What Redis counts as ours after the last sync, per supplier."""
         self.valid_until = -math.inf
-        self._waiting: dict[str, collections.deque[tuple[int, asyncio.Future[None]]]] = {
+        self._waiting: dict[str, collections.deque[tuple[int, asyncio.Future[bool]]]] = {
             supplier: collections.deque() for supplier in self._held
         }
         self._order = itertools.count()
@@ -88,8 +89,12 @@ class FleetSlots:
         """Attempts of this process waiting for a slot."""
         return sum(self._live(queue) for queue in self._waiting.values())
 
-    async def acquire(self, supplier: str) -> None:
-        """Take a slot for ``supplier``: an idle leased one at once, else wait in turn."""
+    async def acquire(self, supplier: str, patience: Patience | None = None) -> bool:
+        """Take a slot for ``supplier``: an idle leased one at once, else wait in turn.
+
+        With ``patience``, the wait ends False — holding nothing, out of this
+        worker's queue — once the attempt could no longer finish in time.
+        """
         if (
             self.mode == FLEET
             and self._held[supplier] < self.leased[supplier]
@@ -97,7 +102,7 @@ class FleetSlots:
         ):
             if time.monotonic() < self.valid_until:
                 self._take(supplier)
-                return
+                return True
             self._lapsed()  # no renewal in time: Redis may have given these away
         if (
             self.mode == LOCAL
@@ -106,8 +111,14 @@ class FleetSlots:
             and not self._waiting[supplier]
         ):
             self._take(supplier)
-            return
-        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            return True
+        give_up: GiveUp | None = None
+        granted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        if patience is not None:
+            wait = patience.left()
+            if wait <= 0:
+                return False  # too late already: never queued, never announced
+            give_up = GiveUp(granted, patience, wait)
         entry = (next(self._order), granted)
         queue = self._waiting[supplier]
         queue.append(entry)
@@ -119,15 +130,25 @@ class FleetSlots:
             soon = self.mode == JOINING or self.free[supplier] > 0 or self._unannounced(supplier)
             self._need_sync(0.0 if soon else POLL)
         try:
-            await granted
+            if await granted:
+                return True
         except asyncio.CancelledError:
-            if granted.done() and not granted.cancelled():
+            if granted.done() and not granted.cancelled() and granted.result():
                 self.release(supplier)  # handed a slot, then cancelled before using it
             else:
                 with contextlib.suppress(ValueError):  # already skipped by a hand-out
                     queue.remove(entry)
                 self._check_want(supplier)
             raise
+        finally:
+            if give_up is not None:
+                give_up.cancel()
+        # Gave up: its place goes to a waiter that can still use a slot, and
+        # Redis soon stops counting the want.
+        with contextlib.suppress(ValueError):
+            queue.remove(entry)
+        self._check_want(supplier)
+        return False
 
     def release(self, supplier: str) -> None:
         """Give back ``supplier``'s slot: to Redis if we hold too many, else to a local waiter."""
@@ -384,7 +405,7 @@ class FleetSlots:
     # -- helpers ----------------------------------------------------------------------
 
     @staticmethod
-    def _live(queue: collections.deque[tuple[int, asyncio.Future[None]]]) -> int:
+    def _live(queue: collections.deque[tuple[int, asyncio.Future[bool]]]) -> int:
         return sum(1 for _, granted in queue if not granted.done())
 
     def _check_want(self, supplier: str) -> None:
@@ -447,7 +468,7 @@ class FleetSlots:
             _, granted = queue.popleft()
             if not granted.done():  # else cancelled, about to leave
                 self._take(supplier)
-                granted.set_result(None)
+                granted.set_result(True)
                 return True
         return False
 
@@ -466,4 +487,4 @@ class FleetSlots:
                 return
             _, granted = self._waiting[chosen].popleft()
             self._take(chosen)
-            granted.set_result(None)
+            granted.set_result(True)
