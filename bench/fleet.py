@@ -68,6 +68,9 @@ if TYPE_CHECKING:
 FLEET, SPLIT, SINGLE = "fleet", "split", "single"
 CONTENDERS = (FLEET, SPLIT, SINGLE)
 WORKERS = 2
+UVLOOP_WORKER = "aiohttp.GunicornUVLoopWebWorker"
+WORKER_CLASSES = {"uvloop": UVLOOP_WORKER, "asyncio": "aiohttp.GunicornWebWorker"}
+"""aiohttp's gunicorn worker class for each event loop."""
 TARGET = 1.25
 """Issue 12: fleet CPU per answer at most 1.25 × single-process in-memory mode."""
 
@@ -187,16 +190,28 @@ def start_redis(bench: Bench) -> Service:
 
 
 def start_gunicorn(
-    bench: Bench, name: str, lab_url: str, env: dict[str, str], redis: Service | None = None
+    bench: Bench,
+    name: str,
+    lab_url: str,
+    env: dict[str, str],
+    redis: Service | None = None,
+    *,
+    worker_class: str = UVLOOP_WORKER,
+    bench_args: bool = True,
 ) -> Deployment:
-    """QuoteFlow under gunicorn with ``WORKERS`` workers: the bench's limits, then ``env``."""
+    """QuoteFlow under gunicorn with ``WORKERS`` workers: the bench's limits, then ``env``.
+
+    ``worker_class`` chooses the event loop (``WORKER_CLASSES``); ``bench_args``
+    False leaves ``BENCH_QUOTEFLOW_ARGS`` out (the slow-suppliers section runs
+    QuoteFlow's defaults).
+    """
     limits = bench.limits
     env = {
         "QUOTEFLOW_PROVIDER_URL": lab_url,
         "QUOTEFLOW_BUDGET": str(limits.budget_s),
         "QUOTEFLOW_INBOUND_LIMIT": str(limits.inbound),
         "QUOTEFLOW_OUTBOUND_LIMIT": str(limits.outbound),
-        **flags_to_env(bench.options.quoteflow_args),
+        **(flags_to_env(bench.options.quoteflow_args) if bench_args else {}),
         **env,
     }
     port = free_port()
@@ -205,7 +220,7 @@ def start_gunicorn(
         [
             *(sys.executable, "-m", "gunicorn", "-c", "python:quoteflow.gunicorn_conf"),
             "quoteflow.app:gunicorn_app",
-            *("--worker-class", "aiohttp.GunicornUVLoopWebWorker"),
+            *("--worker-class", worker_class),
             *("--workers", str(WORKERS), "--bind", f"{HOST}:{port}"),
         ],
         port,

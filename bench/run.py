@@ -15,8 +15,11 @@ fleet section (``bench/fleet.py``, issue 12): QuoteFlow under gunicorn with 2
 workers and Redis against the single process, CPU per answered request and
 Redis commands per request. Then the tracing section (``bench/tracing.py``,
 issue 22): CPU per answered request with OpenTelemetry off, and on at 1 % and
-100 %. Last, the callers section (``bench/callers.py``, issue 20): CPU per
+100 %. Then the callers section (``bench/callers.py``, issue 20): CPU per
 answered request with a caller's quota on against off, single and fleet.
+Last, the slow-suppliers section (``bench/slow.py``, issue 28): a fresh
+QuoteFlow with its defaults per case, suppliers at 400–500 ms or hanging,
+closed-loop callers in this process, under both event loops.
 
 Output: a table with each target of issue 5 marked met or not met,
 ``bench/results/latest.json`` and PNG plots beside it.
@@ -43,7 +46,7 @@ from typing import Any
 
 import attrs
 
-from bench import callers, catalogue, connections, fleet, hot, report, tracing
+from bench import callers, catalogue, connections, fleet, hot, report, slow, tracing
 from bench.procs import (
     BenchError,
     Service,
@@ -79,6 +82,8 @@ class Options:
     """Extra flags for QuoteFlow (``BENCH_QUOTEFLOW_ARGS``), e.g. ``--log-level warning``."""
     bare_args: tuple[str, ...]
     """Extra flags for the bare fan-out (``BENCH_BARE_ARGS``), e.g. ``--event-loop asyncio``."""
+    slow_duration_s: float = slow.FULL_S
+    """Seconds per run of the slow-suppliers section (``BENCH_SLOW_DURATION``); targets scale."""
 
 
 def parse_options(argv: Sequence[str]) -> Options:
@@ -105,6 +110,13 @@ def parse_options(argv: Sequence[str]) -> Options:
     parser.add_argument(
         "--quick", action="store_true", help="smoke test: 1 s runs, one block per workload"
     )
+    parser.add_argument(
+        "--slow-duration",
+        type=float,
+        default=float(env.get("BENCH_SLOW_DURATION", str(slow.FULL_S))),
+        help="seconds per run of the slow_suppliers section (BENCH_SLOW_DURATION, default 10;"
+        " its targets, set for 10 s, scale with it)",
+    )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument(
         "--profile",
@@ -116,6 +128,9 @@ def parse_options(argv: Sequence[str]) -> Options:
     duration, rounds = (1.0, 1) if args.quick else (args.duration, args.rounds)
     if duration < 1 or rounds < 1:
         parser.error("--duration must be at least 1 and --rounds at least 1")
+    slow_duration = 2.0 if args.quick else args.slow_duration
+    if slow_duration < 1:
+        parser.error("--slow-duration must be at least 1")
     only = tuple(name for name in args.only.split(",") if name)
     known = [w.name for w in all_workloads(Limits(), 1)] + [
         "hot",
@@ -124,6 +139,7 @@ def parse_options(argv: Sequence[str]) -> Options:
         "catalogue",
         "tracing",
         "callers",
+        slow.NAME,
     ]
     if unknown := [name for name in only if name not in known]:
         parser.error(f"unknown workload {', '.join(unknown)}; choose from {', '.join(known)}")
@@ -137,6 +153,7 @@ def parse_options(argv: Sequence[str]) -> Options:
         warmup_s=1.0,
         quoteflow_args=tuple(shlex.split(env.get("BENCH_QUOTEFLOW_ARGS", ""))),
         bare_args=tuple(shlex.split(env.get("BENCH_BARE_ARGS", ""))),
+        slow_duration_s=slow_duration,
     )
 
 
@@ -573,6 +590,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rounds": options.rounds,
             "quoteflow_args": list(options.quoteflow_args),
             "bare_args": list(options.bare_args),
+            "slow_duration_s": options.slow_duration_s,
             "event_loops": event_loops(options),
         },
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -596,6 +614,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["tracing"] = tracing.run_tracing(bench)
         if not options.only or "callers" in options.only:
             results["callers"] = callers.run_callers(bench)
+        # `--only slow` (the scenario-slow workload) runs the slow-suppliers section too.
+        if not options.only or {"slow", slow.NAME} & set(options.only):
+            results[slow.NAME] = slow.run_slow(bench)
         results["explain"] = bench.explain_bills()
         if options.profile:
             results["profile"] = bench.profile()
@@ -627,6 +648,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "callers" in results:
         results["summary"]["callers"] = callers.summarize(results["callers"])
         results["summary"]["targets"] += callers.targets(results["summary"]["callers"])
+    if slow.NAME in results:
+        results["summary"][slow.NAME] = slow.summarize(results[slow.NAME])
+        results["summary"]["targets"] += slow.targets(results["summary"][slow.NAME])
     results["elapsed_s"] = round(time.monotonic() - began, 1)
     options.out_dir.mkdir(parents=True, exist_ok=True)
     out = options.out_dir / "latest.json"

@@ -736,6 +736,147 @@ async def stale_quote(session: aiohttp.ClientSession, lab: LabControl, service_u
     return _row_of(STALE, stale, await lab.attempts(stale["request_id"]), problems)
 
 
+# -- slow suppliers: a burst at QuoteFlow's own limits (issue 28) -------------------------
+
+BURST: Final = 8
+"""Requests sent at once: the default inbound limit, so every one is admitted."""
+BURST_LATENCY_MS: Final = 400
+BURST_GRACE_MS: Final = 150.0
+"""No answer later than the budget + this at the client (the benchmark's slow-suppliers rule)."""
+BURST_LEAD: Final = (
+    f"slow suppliers: every supplier answers after {BURST_LATENCY_MS} ms and {BURST} requests "
+    "arrive at once, each for its own SKU (HOT-01 ... HOT-08, quantity 1: nothing is shared)"
+)
+
+
+def _burst_shows(result: dict[str, Any], client_ms: float) -> str:
+    """One answer of the burst in words: its quotes, why each other supplier has none, timing."""
+    quoted = [quote["supplier"] for quote in result["quotes"]]
+    bill = result.get("explain", {}).get("suppliers", {})
+    why: dict[str, list[str]] = {}  # "timeout (deadline)" -> the suppliers it stands for
+    for failure in result["failures"]:
+        stopped = bill.get(failure["supplier"], {}).get("stopped", "?")
+        why.setdefault(f"{failure['code']} ({stopped})", []).append(failure["supplier"])
+    missing = [f"{', '.join(names)} {reason}" for reason, names in why.items()]
+    got = f"{len(quoted)} quote{'' if len(quoted) == 1 else 's'}" + (
+        f" ({', '.join(quoted)})" if quoted else ""
+    )
+    return "; ".join([got, *missing, f"{client_ms:.0f} ms at the client"])
+
+
+async def _circuits_closed_after(
+    session: aiohttp.ClientSession, service_url: str, within_s: float
+) -> tuple[float | None, dict[str, str]]:
+    """Ask normally until all three quotes come back: seconds it took, and the first failures."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    first: dict[str, str] | None = None
+    while True:
+        async with session.post(f"{service_url}/api/quotes", json={"quantity": 1}) as response:
+            result: dict[str, Any] = await response.json()
+        failures = {f["supplier"]: f["code"] for f in result.get("failures", ())}
+        first = failures if first is None else first
+        if response.status == 200 and len(result.get("quotes", ())) == len(SUPPLIERS):
+            return loop.time() - began, first
+        if loop.time() - began > within_s:
+            return None, first
+        await asyncio.sleep(0.2)
+
+
+async def slow_burst(
+    session: aiohttp.ClientSession, lab: LabControl, service_url: str
+) -> list[Outcome]:
+    """Every supplier at 400 ms, 8 requests at once: one row per answer, in the order sent.
+
+    The outbound slots (6 by default) allow 6 × budget ÷ 0.4 s supplier calls
+    in one budget, so only some answers can be complete. What the contract
+    asks (section 11): every request admitted and answered on time, each
+    supplier without a quote marked ``timeout`` (never ``circuit_open``),
+    every supplier quoted at least once, and afterwards no circuit open — a
+    healthy supplier is never ejected because QuoteFlow queued its calls.
+    """
+    await lab.fresh()
+    tag = secrets.token_hex(3)
+    probe = await _explained(session, service_url, f"budget-{tag}")
+    budget_ms = float(probe["explain"]["budget_ms"])
+    await lab.fresh()
+    await lab.set_latency(BURST_LATENCY_MS)
+    loop = asyncio.get_running_loop()
+
+    async def ask(index: int) -> tuple[int, dict[str, Any], float]:
+        sent = loop.time()
+        async with session.post(
+            f"{service_url}/api/quotes?explain=1",
+            json={"sku": f"HOT-{index:02d}", "quantity": 1},
+            headers={"X-Request-ID": f"burst{index}-{tag}"},
+        ) as response:
+            result: dict[str, Any] = await response.json()
+            return response.status, result, 1000 * (loop.time() - sent)
+
+    answers = await asyncio.gather(*(ask(index) for index in range(1, BURST + 1)))
+    await lab.wait_idle()
+    outcomes: list[Outcome] = []
+    quoted: set[str] = set()
+    for index, (status, result, client_ms) in enumerate(answers, start=1):
+        name = f"400 ms x{BURST}: #{index} HOT-{index:02d}"
+        if status != 200:
+            case = Case(name, f"QuoteFlow answered {status}", best=None, attempts=None)
+            outcomes.append(Outcome(case, None, {}, {}, "-", 0.0, [f"status {status}: {result}"]))
+            continue
+        failures = {f["supplier"]: f["code"] for f in result["failures"]}
+        quoted |= {quote["supplier"] for quote in result["quotes"]}
+        problems = [
+            f"{supplier}: {code}, expected timeout (a healthy supplier, only slow)"
+            for supplier, code in failures.items()
+            if code != "timeout"
+        ]
+        if client_ms > budget_ms + BURST_GRACE_MS:
+            problems.append(
+                f"answered after {client_ms:.0f} ms, past the budget + {BURST_GRACE_MS:.0f} ms"
+            )
+        case = Case(name, _burst_shows(result, client_ms), attempts=None)
+        outcomes.append(
+            Outcome(
+                case,
+                result["best"]["supplier"] if result["best"] else None,
+                failures,
+                await lab.attempts(result["request_id"]),
+                str(
+                    result.get("explain", {}).get("suppliers", {}).get("boreal", {}).get("stopped")
+                ),
+                float(result["elapsed_ms"]),
+                problems,
+            )
+        )
+    complete = sum(1 for _, result, _ in answers if len(result.get("quotes", ())) == 3)
+    last = outcomes[-1]
+    calls = int(6 * budget_ms / BURST_LATENCY_MS)
+    last.notes.append(
+        f"{complete} of {BURST} answers with all three quotes; with the default 6 outbound slots "
+        f"one budget of {budget_ms:.0f} ms holds {calls} calls of {BURST_LATENCY_MS} ms "
+        f"({calls // 3} complete answers at most)"
+    )
+    if budget_ms > BURST_LATENCY_MS + 50:
+        if unquoted := [s for s in SUPPLIERS if s not in quoted]:
+            last.problems.append(f"never quoted in the burst: {', '.join(unquoted)}")
+    else:
+        last.notes.append(f"a budget of {budget_ms:.0f} ms leaves no time for a 400 ms supplier")
+    await lab.fresh()
+    after_s, first = await _circuits_closed_after(session, service_url, within_s=15.0)
+    opened = sorted(s for s, code in first.items() if code == "circuit_open")
+    if opened:
+        last.problems.append(
+            f"right after the burst {', '.join(opened)} circuit_open: QuoteFlow's own queue was "
+            "blamed on healthy suppliers"
+            + ("" if after_s is None else f" (closed again after {after_s:.1f} s)")
+        )
+    elif after_s is None:
+        last.problems.append(f"no answer with all three quotes after the burst: {first}")
+    else:
+        last.notes.append("right after, at 0 ms again: all three quotes, no circuit open")
+    return outcomes
+
+
 async def _metric_names(session: aiohttp.ClientSession, service_url: str) -> str:
     async with session.get(f"{service_url}/metrics") as response:
         return await response.text() if response.status == 200 else ""
@@ -804,6 +945,11 @@ async def demo(service_url: str, lab_url: str) -> int:
             outcome = await run_case(session, lab, service_url, case, suppliers)
             outcomes.append(outcome)
             print("\n".join(format_outcome(outcome, suppliers)), flush=True)
+        if suppliers == SUPPLIERS:
+            print(f"{BURST_LEAD}:", flush=True)
+            for outcome in await slow_burst(session, lab, service_url):
+                outcomes.append(outcome)
+                print("\n".join(format_outcome(outcome)), flush=True)
         for run in runs:
             outcome = await run(session, lab, service_url)
             outcomes.append(outcome)

@@ -67,6 +67,8 @@ def _banner(lab_url: str, service_url: str, extra: Sequence[str] = ()) -> str:
             f'  curl -s -X PUT {lab_url}/cache-control/boreal -d \'{{"value": "max-age=10"}}\'',
         ]
     lines += [
+        'and, to try slow suppliers (every one answers after 400 ms; {"ms": 0} undoes it):',
+        f"  curl -s -X PUT {lab_url}/latency -d '{{\"ms\": 400}}'",
         "",
         "make demo drives every scenario and fault against this pair. Ctrl-C stops both.",
     ]

@@ -156,7 +156,7 @@ async def test_an_attempt_cut_after_its_fair_time_is_counted(
     """The same queue, the second call 0.35 s late: it ran 0.35 s of a fair 0.2 s, a failure."""
     client = await quoteflow(min_attempt_time=0.2)
     suppliers.always("boreal", hang())
-    _, second = await asyncio.gather(explain(client), later(0.35, client))
+    second = (await asyncio.gather(explain(client), later(0.35, client)))[1]
     assert "cut_short" not in bill(second)["attempts"][0]
     assert await circuit(client) == 2  # two failures in a row: open
 
