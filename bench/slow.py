@@ -590,8 +590,8 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
                     check.value(asyncio_run) if asyncio_run else "–",
                     check.value(uvloop_run) if uvloop_run else "–",
                     "",
-                    f"{check.target(case.share * scale)} (issue 28{note if check.scaled else ''})",
-                    bool(present) and all(check.met(run, case.share * scale) for run in present),
+                    f"{check.target(scale)} (issue 28{note if check.scaled else ''})",
+                    bool(present) and all(check.met(run, scale) for run in present),
                 )
             )
         for metric, values in _figure_rows(runs):
@@ -683,7 +683,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.service:
         case = CASES["all400" if args.case == "all" else args.case]
         run = _external(args.service, args.lab, case, args.callers or case.callers, args.duration)
-        run["targets"] = judge(run, case.share * scale)
+        run["targets"] = judge(run, scale)
         print(json.dumps(run, indent=1))
         return 0
     if args.case == "all":
@@ -700,7 +700,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run = one_run(
                     bench, case, callers, loop, args.duration, explain=not args.no_explain
                 )
-                run["targets"] = judge(run, case.share * scale)
+                run["targets"] = judge(run, scale)
                 print(progress_line(run), file=sys.stderr, flush=True)
                 runs.append(run)
         except BenchError as exc:
