@@ -21,7 +21,12 @@ kept. These refine *whether* that retry is sent:
 from __future__ import annotations
 
 import collections
-from typing import Protocol
+import math
+import time
+from typing import Final, Protocol
+
+RANK_EVERY: Final = 0.02
+"""Seconds an attempt waiting for a slot may read a learned time that is not re-ranked."""
 
 
 class RetryLimiter(Protocol):
@@ -70,23 +75,41 @@ class AttemptTimeEstimate:
     def __init__(self, floor: float, window: int = 20) -> None:
         self.floor = floor
         self._recent: collections.deque[float] = collections.deque(maxlen=window)
+        self._needed = floor
+        self._changed = False
+        """An answer came since ``_needed`` was ranked."""
+        self._ranked_at = -math.inf
+        self.seen = False
+        """Whether any attempt has answered yet: without that, nothing is known of its time."""
 
     def observe(self, seconds: float) -> None:
         """Record how long an attempt that got an answer took."""
         self._recent.append(seconds)
-
-    @property
-    def seen(self) -> bool:
-        """Whether any attempt has answered yet: without that, nothing is known of its time."""
-        return bool(self._recent)
+        self._changed = self.seen = True
 
     @property
     def needed(self) -> float:
         """Seconds a new attempt should have left to be worth starting."""
-        if not self._recent:
-            return self.floor
+        if self._changed:
+            self._rank(time.monotonic())
+        return self._needed
+
+    def needed_at(self, now: float) -> float:
+        """``needed``, ranked again at most every ``RANK_EVERY`` seconds.
+
+        Read by every attempt that waits for a slot: under a saturating load
+        that is most of them, and sorting the window for each was a visible
+        part of a request's cost. ``now`` is ``time.monotonic()``.
+        """
+        if self._changed and now - self._ranked_at >= RANK_EVERY:
+            self._rank(now)
+        return self._needed
+
+    def _rank(self, now: float) -> None:
         ranked = sorted(self._recent)
-        return max(self.floor, ranked[int(0.9 * (len(ranked) - 1))])
+        self._needed = max(self.floor, ranked[int(0.9 * (len(ranked) - 1))])
+        self._changed = False
+        self._ranked_at = now
 
 
 class RetryBudget:

@@ -188,7 +188,8 @@ class QuoteService:
                             if self._circuit_open is not None:
                                 self._circuit_open(trace.supplier)
                             continue
-                        trace.probe = permit is Permit.PROBE
+                        if permit is Permit.PROBE:
+                            trace.probe = True
                         gateway_call = self._gateway.quote(trace, request, request_id, deadline)
                         asked.append((trace, permit, group.create_task(gateway_call)))
                     if asked:

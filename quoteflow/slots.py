@@ -11,11 +11,11 @@ were a visible part of QuoteFlow's CPU per request.
 No lock: every call comes from the event loop's thread, and nothing between
 checking and taking a slot awaits.
 
-A waiter may bring its ``Patience``: the latest moment at which its attempt
-could still finish inside its request's deadline (the deadline less what the
-supplier has been seen to need). When that moment passes it gives its place
-up at once — ``acquire`` answers False — rather than take a slot it could
-only waste: granted first come, first served to calls that can no longer
+A waiter may bring its ``Patience``: how long its attempt could still start
+and finish inside its request's deadline (the deadline less what the
+supplier has been seen to need). When that runs out it gives its place up
+at once — ``acquire`` answers False — rather than take a slot it could only
+waste: granted first come, first served to calls that can no longer
 finish, the slots convoy behind the deadline and deliver almost nothing
 (docs/retries.md, "Slots for calls that can still finish").
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import time
 from collections.abc import Iterable, Mapping
 from typing import Protocol
@@ -35,8 +36,19 @@ from typing import Protocol
 from quoteflow.models import MovingDeadline
 
 
-class Patience:
-    """How long one attempt may wait for a slot: while the deadline leaves it ``needed`` seconds.
+class Patience(Protocol):
+    """How long one attempt may still wait for a slot."""
+
+    def left(self, now: float) -> float:
+        """Seconds from ``now`` (``time.monotonic()``) the attempt may still wait.
+
+        Zero or less: too late to start one.
+        """
+        ...
+
+
+class Until:
+    """Patient while ``deadline`` leaves ``needed`` seconds.
 
     ``deadline`` is a ``time.monotonic()`` value, or a shared call's
     ``MovingDeadline``, read afresh each time (it moves while the call runs).
@@ -48,39 +60,65 @@ class Patience:
         self.deadline = deadline
         self.needed = needed
 
-    def left(self) -> float:
-        """Seconds the attempt may still wait (zero or less: too late to start)."""
-        return self.deadline - time.monotonic() - self.needed
+    def left(self, now: float) -> float:
+        """Seconds from ``now`` until the deadline leaves less than ``needed``."""
+        return self.deadline - now - self.needed
 
 
-class GiveUp:
-    """Answers a slot waiter False when its patience runs out, unless a slot came first.
+class Impatience:
+    """Answers slot waiters False once their patience runs out, unless a slot came first.
 
-    The waiter's future is resolved, not cancelled: cancellation is the
-    request's deadline (or its caller leaving), and the two must never be
-    confused. A hand-out skips a future that is already done, so a waiter
-    that gave up is passed over exactly like one that was cancelled.
+    One timer for every waiter of a limiter, set for the soonest patience to
+    run out: a timer for each wait cost every request more than the rule
+    itself (under a saturating load most attempts wait, briefly). When it
+    fires it answers every waiter whose time is up and sets itself for the
+    next; a waiter served meanwhile is dropped there. The waiter's future is
+    resolved, never cancelled: cancellation is the request's deadline (or its
+    caller leaving), and the two must never be confused. A hand-out skips a
+    future that is already done, so a waiter that gave up is passed over
+    exactly like one that was cancelled.
     """
 
-    __slots__ = ("_granted", "_patience", "_timer")
+    def __init__(self) -> None:
+        self._waiters: list[tuple[Patience, asyncio.Future[bool]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._due = math.inf
+        """``time.monotonic()`` at which the timer fires (inf: none set)."""
 
-    def __init__(self, granted: asyncio.Future[bool], patience: Patience, wait: float) -> None:
-        self._granted = granted
-        self._patience = patience
+    def watch(self, patience: Patience, granted: asyncio.Future[bool]) -> bool:
+        """Answer ``granted`` False when ``patience`` runs out; False if it already has."""
+        now = time.monotonic()
+        wait = patience.left(now)
+        if wait <= 0:
+            return False
+        self._waiters.append((patience, granted))
+        if now + wait < self._due:
+            self._set(now, wait)
+        return True
+
+    def _set(self, now: float, wait: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._due = now + wait
         self._timer = asyncio.get_running_loop().call_later(wait, self._check)
 
     def _check(self) -> None:
-        if self._granted.done():
-            return
-        wait = self._patience.left()
-        if wait > 0:  # a shared call's deadline moved later meanwhile
-            self._timer = asyncio.get_running_loop().call_later(wait, self._check)
-        else:
-            self._granted.set_result(False)
-
-    def cancel(self) -> None:
-        """The wait is over (a slot came, or the call was cancelled): no more checks."""
-        self._timer.cancel()
+        self._timer, self._due = None, math.inf
+        now = time.monotonic()
+        waiting = []
+        soonest = math.inf
+        for patience, granted in self._waiters:
+            if granted.done():
+                continue  # served, cancelled or answered already
+            wait = patience.left(now)
+            if wait <= 0:
+                granted.set_result(False)
+            else:  # not yet; or a shared call's deadline moved later meanwhile
+                waiting.append((patience, granted))
+                soonest = min(soonest, wait)
+        self._waiters = waiting
+        if waiting:
+            self._set(now, soonest)
 
 
 class OutboundLimiter(Protocol):
@@ -114,6 +152,7 @@ class OutboundSlots:
         self._held = dict.fromkeys(shares, 0)
         self._current = set(shares)
         self._waiting: collections.deque[tuple[str, asyncio.Future[bool]]] = collections.deque()
+        self._impatience = Impatience()
 
     def share(self, supplier: str) -> int:
         """Slots ``supplier`` may hold at once."""
@@ -165,13 +204,9 @@ class OutboundSlots:
             self.free -= 1
             self._held[supplier] += 1
             return True
-        give_up: GiveUp | None = None
         granted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        if patience is not None:
-            wait = patience.left()
-            if wait <= 0:
-                return False  # too late already: never queued
-            give_up = GiveUp(granted, patience, wait)
+        if patience is not None and not self._impatience.watch(patience, granted):
+            return False  # too late already: never queued
         entry = (supplier, granted)
         self._waiting.append(entry)
         try:
@@ -183,9 +218,6 @@ class OutboundSlots:
             else:
                 self._waiting.remove(entry)
             raise
-        finally:
-            if give_up is not None:
-                give_up.cancel()
         self._waiting.remove(entry)  # gave up: its place goes to whoever can still use it
         return False
 

@@ -58,7 +58,7 @@ from quoteflow.models import (
     http_failure_code,
 )
 from quoteflow.retry import AttemptTimeEstimate, RetryBudget, RetryLimiter, retry_after_delay
-from quoteflow.slots import OutboundLimiter, OutboundSlots, Patience
+from quoteflow.slots import OutboundLimiter, OutboundSlots
 
 log = logging.getLogger("quoteflow")
 
@@ -121,6 +121,14 @@ class _Call:
     request: QuoteRequest
     request_id: str
     deadline: float | MovingDeadline
+    attempt_time: AttemptTimeEstimate
+
+    def left(self, now: float) -> float:
+        """How long an attempt may still wait for a slot (``slots.Patience``).
+
+        Until the deadline leaves less than the supplier has been seen to need.
+        """
+        return self.deadline - now - self.attempt_time.needed_at(now)
 
 
 def _record(
@@ -304,7 +312,7 @@ class SupplierClient:
         attempt's ``X-Deadline-Remaining-Ms`` and each retry decision.
         """
         state = self._suppliers[trace.supplier]
-        call = _Call(state.url_for(request), request, request_id, deadline)
+        call = _Call(state.url_for(request), request, request_id, deadline, state.attempt_time)
         state.retry_budget.first_attempt()
         result: _AttemptResult | None = None
         for attempt in range(1, self._attempts + 1):
@@ -366,9 +374,7 @@ class SupplierClient:
         # this supplier has been seen to need must be left when it starts. With
         # no answer seen yet nothing is known, so it always waits; so does the
         # half-open probe, the only way a supplier's circuit closes again.
-        patience = (
-            Patience(call.deadline, estimate.needed) if estimate.seen and not trace.probe else None
-        )
+        patience = call if estimate.seen and not trace.probe else None
         try:
             # One wait for both the shared slot and room in the supplier's share.
             if not await self._slots.acquire(trace.supplier, patience):

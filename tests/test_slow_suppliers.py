@@ -24,7 +24,7 @@ from pytest_aiohttp import AiohttpClient
 
 from quoteflow.app import create_app
 from quoteflow.config import Settings
-from quoteflow.slots import OutboundSlots, Patience
+from quoteflow.slots import OutboundSlots, Until
 from tests.conftest import TEST_CONNECT_TIMEOUT
 from tests.fakes import FakeSuppliers, delay, hang, quote, status
 from tests.redis_server import RedisServer
@@ -285,16 +285,16 @@ async def test_a_fleet_worker_waiter_gives_up_and_redis_stops_counting_it(
     async with workers(redis_server) as (first, second):
         for _ in range(4):
             await first.slots.acquire("boreal")  # boreal's whole share, fleet-wide
-        patience = Patience(time.monotonic() + 0.3, 0.2)
+        patience = Until(time.monotonic() + 0.3, 0.2)
         started = time.monotonic()
         assert await second.slots.acquire("boreal", patience) is False
         assert 0.05 < time.monotonic() - started < 0.3
         assert (second.slots.in_use, second.slots.waiting) == (0, 0)
         await wait_until(lambda: second.slots.unmet["boreal"] == 0)
         # Too late already: refused at once, never queued.
-        assert await second.slots.acquire("boreal", Patience(time.monotonic(), 0.1)) is False
+        assert await second.slots.acquire("boreal", Until(time.monotonic(), 0.1)) is False
         first.slots.release("boreal")
-        waited = Patience(time.monotonic() + 5.0, 0.1)
+        waited = Until(time.monotonic() + 5.0, 0.1)
         assert await asyncio.wait_for(second.slots.acquire("boreal", waited), 2.0) is True
         second.slots.release("boreal")
         for _ in range(3):
@@ -305,8 +305,8 @@ async def test_a_given_up_waiter_is_passed_over_and_holds_nothing() -> None:
     """OutboundSlots: a waiter out of patience leaves; the slot goes to the one behind it."""
     slots = OutboundSlots(1, {"boreal": 1})
     assert await slots.acquire("boreal")
-    impatient = asyncio.create_task(slots.acquire("boreal", Patience(time.monotonic() + 0.1, 0.05)))
-    patient = asyncio.create_task(slots.acquire("boreal", Patience(time.monotonic() + 5, 0.05)))
+    impatient = asyncio.create_task(slots.acquire("boreal", Until(time.monotonic() + 0.1, 0.05)))
+    patient = asyncio.create_task(slots.acquire("boreal", Until(time.monotonic() + 5, 0.05)))
     assert await impatient is False
     slots.release("boreal")
     assert await patient is True

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 
 from quoteflow.fleet.safe import safe_share
 from quoteflow.fleet.timing import IDLE_SLACK, LEASE_TRUST, LINGER, POLL
-from quoteflow.slots import GiveUp, Patience
+from quoteflow.slots import Impatience, Patience
 
 JOINING, FLEET, LOCAL = "joining", "fleet", "local"
 """Modes of ``FleetSlots``: before the first sync, leases in force, on its own (safe share)."""
@@ -77,6 +77,7 @@ class FleetSlots:
             supplier: collections.deque() for supplier in self._held
         }
         self._order = itertools.count()
+        self._impatience = Impatience()
         self._need_sync = need_sync
         self._lapsed = lapsed
 
@@ -112,13 +113,9 @@ class FleetSlots:
         ):
             self._take(supplier)
             return True
-        give_up: GiveUp | None = None
         granted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        if patience is not None:
-            wait = patience.left()
-            if wait <= 0:
-                return False  # too late already: never queued, never announced
-            give_up = GiveUp(granted, patience, wait)
+        if patience is not None and not self._impatience.watch(patience, granted):
+            return False  # too late already: never queued, never announced
         entry = (next(self._order), granted)
         queue = self._waiting[supplier]
         queue.append(entry)
@@ -140,9 +137,6 @@ class FleetSlots:
                     queue.remove(entry)
                 self._check_want(supplier)
             raise
-        finally:
-            if give_up is not None:
-                give_up.cancel()
         # Gave up: its place goes to a waiter that can still use a slot, and
         # Redis soon stops counting the want.
         with contextlib.suppress(ValueError):
