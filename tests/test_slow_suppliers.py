@@ -116,6 +116,23 @@ async def test_a_waiter_that_can_no_longer_finish_gives_its_place_to_the_one_beh
     assert await circuit(client) == 0
 
 
+async def test_a_retry_that_gives_up_keeps_the_first_attempts_code(
+    quoteflow: Any, suppliers: FakeSuppliers
+) -> None:
+    """A 503, then the retry's slot is taken until too late: ``http_503`` at once, one attempt."""
+    client = await quoteflow(breaker_failures=0)
+    suppliers.always("boreal", delay(0.15))
+    for _ in range(4):  # boreal's time: 0.15 s, still its 90th percentile after a quick 503
+        await explain(client)
+    suppliers.script("boreal", status(503), delay(0.5))
+    retried, holder = await asyncio.gather(explain(client), later(0.01, client))
+    assert code_of(holder, "boreal") is None  # took the slot during the retry's backoff
+    assert code_of(retried, "boreal") == "http_503"
+    assert bill(retried)["stopped"] == "no_slot_in_time"
+    assert [a["outcome"] for a in bill(retried)["attempts"]] == ["http_503"]
+    assert retried["elapsed_ms"] < BUDGET * 1000 * 0.85  # at its patience, not its deadline
+
+
 async def test_a_supplier_with_no_history_is_always_waited_for(
     quoteflow: Any, suppliers: FakeSuppliers
 ) -> None:
