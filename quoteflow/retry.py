@@ -21,6 +21,7 @@ kept. These refine *whether* that retry is sent:
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 import time
 from typing import Final, Protocol
@@ -70,21 +71,42 @@ class AttemptTimeEstimate:
     The 90th percentile of the last 20 answer times: it follows a supplier
     that slows down within a few answers, and one outlier (a single slow
     answer among fast ones) does not refuse retries that would easily finish.
+
+    An attempt the deadline cut after running longer than that teaches
+    something too: the supplier needs at least this long. Without it a
+    supplier that slows down past its estimate could keep it for good —
+    every waiter let in with too little time is cut, so no answer comes to
+    learn from. Such lower bounds are ranked with the answers, and each
+    holds until an answer comes sooner than it (the supplier is quick
+    again: a hang's cut attempts must not refuse the retries of the flaky
+    answers that follow it).
     """
 
     def __init__(self, floor: float, window: int = 20) -> None:
         self.floor = floor
         self._recent: collections.deque[float] = collections.deque(maxlen=window)
-        self._needed = floor
+        self._percentile = floor
+        """The 90th percentile (at least the floor) of the answers and cuts, when last ranked."""
         self._changed = False
-        """An answer came since ``_needed`` was ranked."""
+        """An answer or a cut came since ``_percentile`` was ranked."""
         self._ranked_at = -math.inf
+        self._cuts: collections.deque[float] = collections.deque(maxlen=window)
+        """Lower bounds: attempts cut with no answer after running longer than ``needed``."""
         self.seen = False
-        """Whether any attempt has answered yet: without that, nothing is known of its time."""
+        """Whether any attempt has answered or been cut: without that, nothing is known."""
 
     def observe(self, seconds: float) -> None:
         """Record how long an attempt that got an answer took."""
         self._recent.append(seconds)
+        self._changed = self.seen = True
+        if self._cuts and seconds < max(self._cuts):
+            self._cuts = collections.deque(
+                (cut for cut in self._cuts if cut <= seconds), maxlen=self._cuts.maxlen
+            )
+
+    def cut_after(self, seconds: float) -> None:
+        """An attempt ran ``seconds`` and was cut with no answer: it needs at least that."""
+        self._cuts.append(seconds)
         self._changed = self.seen = True
 
     @property
@@ -92,10 +114,10 @@ class AttemptTimeEstimate:
         """Seconds a new attempt should have left to be worth starting."""
         if self._changed:
             self._rank(time.monotonic())
-        return self._needed
+        return self._percentile
 
     def needed_at(self, now: float) -> float:
-        """``needed``, ranked again at most every ``RANK_EVERY`` seconds.
+        """``needed``, the window ranked again at most every ``RANK_EVERY`` seconds.
 
         Read by every attempt that waits for a slot: under a saturating load
         that is most of them, and sorting the window for each was a visible
@@ -103,11 +125,24 @@ class AttemptTimeEstimate:
         """
         if self._changed and now - self._ranked_at >= RANK_EVERY:
             self._rank(now)
-        return self._needed
+        return self._percentile
+
+    @property
+    def longest(self) -> float:
+        """The longest the supplier was recently seen to need, never less than the floor.
+
+        What an attempt cut by the deadline is measured against before it
+        counts against the supplier (``breaker.py``'s fair chance). Not the
+        90th percentile: a supplier that slows down (0 ms, then 400 ms) keeps
+        its fast answers in the window for a while, and blaming it for calls
+        it was given less time than it now needs would eject a healthy supplier.
+        """
+        slowest = max(self._recent) if self._recent else 0.0
+        return max(self.floor, slowest, max(self._cuts) if self._cuts else 0.0)
 
     def _rank(self, now: float) -> None:
-        ranked = sorted(self._recent)
-        self._needed = max(self.floor, ranked[int(0.9 * (len(ranked) - 1))])
+        ranked = sorted(itertools.chain(self._recent, self._cuts))  # never empty once changed
+        self._percentile = max(self.floor, ranked[int(0.9 * (len(ranked) - 1))])
         self._changed = False
         self._ranked_at = now
 

@@ -68,19 +68,21 @@ class Until:
 class Impatience:
     """Answers slot waiters False once their patience runs out, unless a slot came first.
 
-    One timer for every waiter of a limiter, set for the soonest patience to
-    run out: a timer for each wait cost every request more than the rule
-    itself (under a saturating load most attempts wait, briefly). When it
-    fires it answers every waiter whose time is up and sets itself for the
-    next; a waiter served meanwhile is dropped there. The waiter's future is
-    resolved, never cancelled: cancellation is the request's deadline (or its
-    caller leaving), and the two must never be confused. A hand-out skips a
-    future that is already done, so a waiter that gave up is passed over
-    exactly like one that was cancelled.
+    Checked twice: by the hand-out, which asks ``ready`` before it gives a
+    freed slot to a waiter (the slot goes to one that can still use it, also
+    when the supplier's learned time has grown since the waiter began to
+    wait), and by one timer for every waiter of a limiter, set for the
+    soonest patience to run out, so that a waiter no slot comes to is
+    answered then, not at its deadline. A timer for each wait cost a
+    saturating load (most attempts wait, briefly) more than the rule itself.
+    The waiter's future is resolved, never cancelled: cancellation is the
+    request's deadline (or its caller leaving), and the two must never be
+    confused. A hand-out skips a future that is already done, so a waiter
+    that gave up is passed over exactly like one that was cancelled.
     """
 
     def __init__(self) -> None:
-        self._waiters: list[tuple[Patience, asyncio.Future[bool]]] = []
+        self._waiting: dict[asyncio.Future[bool], Patience] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._due = math.inf
         """``time.monotonic()`` at which the timer fires (inf: none set)."""
@@ -91,10 +93,22 @@ class Impatience:
         wait = patience.left(now)
         if wait <= 0:
             return False
-        self._waiters.append((patience, granted))
+        self._waiting[granted] = patience
         if now + wait < self._due:
             self._set(now, wait)
         return True
+
+    def ready(self, granted: asyncio.Future[bool]) -> bool:
+        """Whether a freed slot may go to this waiter; if its patience ran out, answer it False."""
+        patience = self._waiting.pop(granted, None)
+        if patience is None or patience.left(time.monotonic()) > 0:
+            return True
+        granted.set_result(False)
+        return False
+
+    def forget(self, granted: asyncio.Future[bool]) -> None:
+        """The waiter left (cancelled): nothing to check any more."""
+        self._waiting.pop(granted, None)
 
     def _set(self, now: float, wait: float) -> None:
         if self._timer is not None:
@@ -105,18 +119,18 @@ class Impatience:
     def _check(self) -> None:
         self._timer, self._due = None, math.inf
         now = time.monotonic()
-        waiting = []
+        waiting = {}
         soonest = math.inf
-        for patience, granted in self._waiters:
+        for granted, patience in self._waiting.items():
             if granted.done():
-                continue  # served, cancelled or answered already
+                continue  # answered already
             wait = patience.left(now)
             if wait <= 0:
                 granted.set_result(False)
             else:  # not yet; or a shared call's deadline moved later meanwhile
-                waiting.append((patience, granted))
+                waiting[granted] = patience
                 soonest = min(soonest, wait)
-        self._waiters = waiting
+        self._waiting = waiting
         if waiting:
             self._set(now, soonest)
 
@@ -217,6 +231,7 @@ class OutboundSlots:
                 self.release(supplier)  # handed a slot, then cancelled before using it
             else:
                 self._waiting.remove(entry)
+                self._impatience.forget(granted)
             raise
         self._waiting.remove(entry)  # gave up: its place goes to whoever can still use it
         return False
@@ -235,6 +250,9 @@ class OutboundSlots:
             if granted.done() or self._held[supplier] >= self._share[supplier]:
                 # Cancelled or given up and about to leave, or its supplier is at its share.
                 index += 1
+                continue
+            if not self._impatience.ready(granted):
+                index += 1  # too late to use it now: answered, and about to leave
                 continue
             del self._waiting[index]
             self.free -= 1

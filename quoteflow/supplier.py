@@ -80,6 +80,16 @@ and misconfiguration. A body cut short is retried too, but it arrives as a
 NEVER_RETRIED: Final = (aiohttp.ClientSSLError,)
 """Subclasses of a transient class that another attempt cannot fix."""
 
+FAIR_MARGIN: Final = 1.25
+"""An attempt cut by the deadline counts against the supplier once it has run this
+many times the longest of the supplier's recent answers (``breaker.py``). Not
+1: an attempt QuoteFlow started with just the time it estimated the supplier
+needs is QuoteFlow's bet, and answer times jitter by a few milliseconds."""
+
+WHOLE_CHANCE: Final = 0.9
+"""Share of the budget after which an attempt cut by the deadline always counts:
+a supplier that hangs is blamed even when its recent answers were slow."""
+
 TRUNCATION_CAUSES: Final = (ContentLengthError, TransferEncodingError)
 """Causes of a ``ClientPayloadError`` that mean "the body was cut short"."""
 
@@ -179,7 +189,9 @@ class _SupplierState:
         self.adapter: Adapter | None = supplier.adapter
         self.fair_time = supplier.read_timeout if supplier.read_timeout < settings.budget else None
         """Time an attempt cut by the deadline must have had to count against the
-        supplier: its read timeout, or (None) what it has been seen to need."""
+        supplier: its read timeout, or (None) ``fair_time`` of what it was seen to need."""
+        self.whole_chance = WHOLE_CHANCE * settings.budget
+        """An attempt that ran this long had nearly the whole budget: always a fair time."""
         self.get_options: dict[str, Any] = {"allow_redirects": False}
         """Keyword arguments of every ``session.get``, fixed here rather than per attempt."""
         if (supplier.connect_timeout, supplier.read_timeout) != (
@@ -368,48 +380,36 @@ class SupplierClient:
     ) -> _AttemptResult:
         """One attempt: wait for a slot, fetch, give the slot back, then decode."""
         waiting_since = time.monotonic()
-        started: float | None = None
-        estimate = state.attempt_time
         # Wait for a slot only while the attempt could still finish: the time
         # this supplier has been seen to need must be left when it starts. With
         # no answer seen yet nothing is known, so it always waits; so does the
-        # half-open probe, the only way a supplier's circuit closes again.
-        patience = call if estimate.seen and not trace.probe else None
+        # half-open probe, the only way a supplier's circuit closes again. A
+        # wait the deadline (or the caller leaving) cancels never reached the
+        # supplier: it is not an attempt, and goes on no bill.
+        patience = call if state.attempt_time.seen and not trace.probe else None
+        # One wait for both the shared slot and room in the supplier's share.
+        if not await self._slots.acquire(trace.supplier, patience):
+            trace.gave_up_after = time.monotonic() - waiting_since
+            return _NO_SLOT_IN_TIME
         try:
-            # One wait for both the shared slot and room in the supplier's share.
-            if not await self._slots.acquire(trace.supplier, patience):
-                trace.gave_up_after = time.monotonic() - waiting_since
-                return _NO_SLOT_IN_TIME
-            try:
-                started = time.monotonic()
-                headers = {
-                    "X-Request-ID": call.request_id,
-                    "X-Attempt": str(attempt),
-                    # Measured once the slot is ours: the wait is not the supplier's time.
-                    "X-Deadline-Remaining-Ms": str(max(0, int((call.deadline - started) * 1000))),
-                }
-                if state.headers:
-                    headers.update(state.headers)  # the catalogue's (never QuoteFlow's own)
-                if self._listener is not None:
-                    self._listener.sending(attempt, call.url, headers)  # e.g. traceparent
-                fetched = await self._fetch(state, call, headers)
-            finally:
-                self._slots.release(trace.supplier)
+            started = time.monotonic()
+            headers = {
+                "X-Request-ID": call.request_id,
+                "X-Attempt": str(attempt),
+                # Measured once the slot is ours: the wait is not the supplier's time.
+                "X-Deadline-Remaining-Ms": str(max(0, int((call.deadline - started) * 1000))),
+            }
+            if state.headers:
+                headers.update(state.headers)  # the catalogue's (never QuoteFlow's own)
+            if self._listener is not None:
+                self._listener.sending(attempt, call.url, headers)  # e.g. traceparent
+            fetched = await self._fetch(state, call, headers)
         except asyncio.CancelledError:
-            # The deadline (or the caller leaving) cut this attempt short. If it
-            # was sent, it goes on the bill; one still waiting for a slot never
-            # reached the supplier and is not an attempt.
-            if started is not None:
-                now = time.monotonic()
-                # Cut before it had a fair time: QuoteFlow was late, not the
-                # supplier (its breaker does not count it, ``breaker.py``).
-                fair = estimate.needed if state.fair_time is None else state.fair_time
-                cut_short = now - started < fair
-                trace.attempts.append(
-                    _record(attempt, waiting_since, started, now, TIMEOUT, cut_short=cut_short)
-                )
+            # Before the slot is handed on: the next waiter is judged by what this taught.
+            self._cut(state, trace, attempt, waiting_since, started)
             raise
-        assert started is not None
+        finally:
+            self._slots.release(trace.supplier)
         ended = time.monotonic()
         if isinstance(fetched, bytes) or fetched.status is not None:
             state.attempt_time.observe(ended - started)  # it answered: a useful attempt's length
@@ -424,6 +424,29 @@ class SupplierClient:
             _record(attempt, waiting_since, started, ended, outcome, fetched.status)
         )
         return fetched
+
+    @staticmethod
+    def _cut(
+        state: _SupplierState,
+        trace: SupplierTrace,
+        attempt: int,
+        waiting_since: float,
+        started: float,
+    ) -> None:
+        """The deadline (or the caller leaving) cut a sent attempt: bill it, learn from it."""
+        now = time.monotonic()
+        ran = now - started
+        estimate = state.attempt_time
+        # Cut before it had a fair time: QuoteFlow was late, not the supplier
+        # (its breaker does not count it, ``breaker.py``).
+        fair = state.fair_time
+        if fair is None:
+            fair = min(FAIR_MARGIN * estimate.longest, state.whole_chance)
+        trace.attempts.append(
+            _record(attempt, waiting_since, started, now, TIMEOUT, cut_short=ran < fair)
+        )
+        if ran > estimate.needed:
+            estimate.cut_after(ran)  # it needs at least this long (``retry.py``)
 
     async def _fetch(
         self, state: _SupplierState, call: _Call, headers: Mapping[str, str]

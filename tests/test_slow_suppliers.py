@@ -153,10 +153,11 @@ async def test_an_attempt_cut_before_its_fair_time_is_not_counted(
 ) -> None:
     """Queued behind a hang, the second call gets its slot 0.05 s before its deadline: neither.
 
-    boreal hangs from its first request, so it has no history (its fair time
-    is ``min_attempt_time``, 0.2 s here) and every call waits to the end. The
-    first call runs the whole budget (a failure: streak 1 of 2); the second
-    runs 0.05 s, cut short: not counted, the circuit stays closed.
+    boreal hangs from its first request. With no answer seen its fair time is
+    ``min_attempt_time`` (0.2 s here, × 1.25): the first call, cut after the
+    whole budget, is a failure (streak 1 of 2). The second waited for the slot
+    (nothing was known when it began to wait) and ran 0.05 s: cut short, not
+    counted, and the circuit stays closed.
     """
     client = await quoteflow(min_attempt_time=0.2)
     suppliers.always("boreal", hang())
@@ -167,15 +168,41 @@ async def test_an_attempt_cut_before_its_fair_time_is_not_counted(
     assert await circuit(client) == 0  # one failure of two: closed
 
 
-async def test_an_attempt_cut_after_its_fair_time_is_counted(
+async def test_attempts_cut_after_their_fair_time_are_counted(
     quoteflow: Any, suppliers: FakeSuppliers
 ) -> None:
-    """The same queue, the second call 0.35 s late: it ran 0.35 s of a fair 0.2 s, a failure."""
-    client = await quoteflow(min_attempt_time=0.2)
+    """Two calls to a hang, each with a slot of its own: both ran the budget, two failures."""
+    client = await quoteflow(min_attempt_time=0.2, supplier_share=2, outbound_limit=4)
     suppliers.always("boreal", hang())
-    second = (await asyncio.gather(explain(client), later(0.35, client)))[1]
+    first, second = await asyncio.gather(explain(client), later(0.05, client))
+    assert "cut_short" not in bill(first)["attempts"][0]
     assert "cut_short" not in bill(second)["attempts"][0]
     assert await circuit(client) == 2  # two failures in a row: open
+
+
+async def test_a_supplier_that_slows_down_is_learned_from_its_cut_attempts(
+    quoteflow: Any, suppliers: FakeSuppliers
+) -> None:
+    """Known at a few ms, boreal now needs 0.45 s: the first cut attempt teaches QuoteFlow that.
+
+    R1's answer (0.45 s) is one slow value among fast ones: the estimate
+    stays fast, and R2, waiting since 0.1 s, is let in at 0.45 s with 0.25 s
+    left and cut. Had only answers been learned, R3 and R4 would be let in
+    after it the same way, cut in turn, and the slot would convoy for good:
+    no answer ever comes to learn from. R2's cut attempt ran longer than the
+    estimate, so it is learned as what boreal needs at least — before its
+    slot is handed on — and R3 and R4 give their places up instead.
+    """
+    client = await quoteflow()
+    for _ in range(5):
+        await explain(client)  # boreal's time: a few ms
+    suppliers.always("boreal", delay(0.45))
+    sent_before = suppliers.count("boreal")
+    answers = await asyncio.gather(*(later(0.1 * n, client) for n in range(4)))
+    stopped = [bill(answer)["stopped"] for answer in answers]
+    assert stopped == ["success", "deadline", "no_slot_in_time", "no_slot_in_time"], stopped
+    assert suppliers.count("boreal") == sent_before + 2
+    assert await circuit(client) == 0  # R2 was cut short of what boreal now needs
 
 
 async def test_the_half_open_probe_waits_for_its_slot(

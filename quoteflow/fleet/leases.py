@@ -135,6 +135,7 @@ class FleetSlots:
             else:
                 with contextlib.suppress(ValueError):  # already skipped by a hand-out
                     queue.remove(entry)
+                self._impatience.forget(granted)
                 self._check_want(supplier)
             raise
         # Gave up: its place goes to a waiter that can still use a slot, and
@@ -460,7 +461,8 @@ class FleetSlots:
         queue = self._waiting[supplier]
         while queue:
             _, granted = queue.popleft()
-            if not granted.done():  # else cancelled, about to leave
+            # Else cancelled or given up, about to leave; or too late to use it now.
+            if not granted.done() and self._impatience.ready(granted):
                 self._take(supplier)
                 granted.set_result(True)
                 return True
@@ -480,5 +482,6 @@ class FleetSlots:
             if chosen is None:
                 return
             _, granted = self._waiting[chosen].popleft()
-            self._take(chosen)
-            granted.set_result(True)
+            if self._impatience.ready(granted):  # else too late to use it: answered False
+                self._take(chosen)
+                granted.set_result(True)
