@@ -18,6 +18,10 @@ Cases (``SECTION``) and issue 28's targets, for a 10 s run:
 - ``all400``, 4 and 8 callers: atlas, boreal and cedar at 400 ms. ≥ 40
   answers with all three quotes, no ``circuit_open``, none later than the
   budget + 150 ms at the client, no 5xx but 503 (nor a client error);
+- ``warm400``, 8 callers: as ``all400``, but QuoteFlow first answers 200
+  requests with the suppliers at 0 ms: a supplier that slows down, whose
+  estimate QuoteFlow must unlearn (not an issue-28 case: the same targets
+  as all400, held to here);
 - ``boreal500``, 8 callers: boreal alone at 500 ms. boreal quoted ≥ 65 times,
   no ``circuit_open``, atlas and cedar in every 200, none late;
 - ``fleet400``, 8 callers: ``all400`` against 2 gunicorn workers sharing the
@@ -102,6 +106,8 @@ class Case:
     """2 gunicorn workers on Redis instead of one process."""
     share: float = 1.0
     """The run's length as a share of the section's duration (the hang case: 6 of 10 s)."""
+    warm_up: int = 0
+    """Requests answered at once before the faults are set: what QuoteFlow learns first."""
 
 
 def _latency(ms: int) -> Fault:
@@ -115,6 +121,12 @@ CASES: dict[str, Case] = {
             "all400",
             "atlas, boreal and cedar at 400 ms",
             {s: _latency(400) for s in SUPPLIERS},
+        ),
+        Case(
+            "warm400",
+            "warmed up at 0 ms (200 requests), then all three at 400 ms",
+            {s: _latency(400) for s in SUPPLIERS},
+            warm_up=200,
         ),
         Case(
             "boreal500",
@@ -138,6 +150,7 @@ CASES: dict[str, Case] = {
 SECTION: tuple[tuple[str, int], ...] = (
     ("all400", 4),
     ("all400", 8),
+    ("warm400", 8),
     ("boreal500", 8),
     ("fleet400", 8),
     ("boreal_hang", 8),
@@ -369,7 +382,7 @@ def one_run(
     single: Service | None = None
     deployment: fleet.Deployment | None = None
     try:
-        set_faults(bench.lab.url, case.faults)
+        set_faults(bench.lab.url, {} if case.warm_up else case.faults)
         bench.settle()
         bench.reset_lab()
         try:
@@ -379,6 +392,11 @@ def one_run(
             else:
                 single = _start_single(bench, tag, loop)
                 url = single.url
+            if case.warm_up:
+                # A supplier that slows down: QuoteFlow knows it fast, then it is not.
+                for _ in range(case.warm_up):
+                    http("POST", url + "/api/quotes", {"quantity": 1})
+                set_faults(bench.lab.url, case.faults)
             answers, client_loop = run_client(url, callers, window_s, explain=explain)
             downs = fleet.coordination_downs(deployment) if deployment else None
         finally:
@@ -491,6 +509,7 @@ NO_5XX = Check(
 )
 CHECKS: dict[str, tuple[Check, ...]] = {
     "all400": (COMPLETE, NO_CIRCUIT_OPEN, NONE_LATE, NO_5XX),
+    "warm400": (COMPLETE, NO_CIRCUIT_OPEN, NONE_LATE, NO_5XX),
     "boreal500": (
         Check(
             "boreal quoted",

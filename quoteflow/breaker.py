@@ -27,15 +27,17 @@ What counts is what the supplier did with the attempts it was sent:
 
 A fair time, the fair-chance rule: a supplier is blamed for an attempt the
 deadline cut only if that attempt ran for at least the supplier's
-``read_timeout`` — or, where that is longer than the budget, what the
-supplier has been seen to need (the retry planner's learned attempt time),
-never less than ``min_attempt_time``, which is also what a supplier with no
-answers yet gets. An attempt that got its slot late because QuoteFlow's own
-queue was long is cut short by the deadline through no fault of the
-supplier's: counted, it would eject healthy slow suppliers exactly when
-QuoteFlow is busiest. One that hangs from its first request still trips:
-cut at the deadline it has run far past ``min_attempt_time``. The bill marks
-an attempt cut short (``cut_short``).
+``read_timeout`` — or, where that is longer than the budget, 1.25 times the
+longest it was recently seen to need (its answers, and its attempts cut
+after running past the estimate: the retry planner's window), never less
+than 1.25 × ``min_attempt_time``, which is also what a supplier with no
+history gets, and never more than 90 % of the budget (an attempt that ran
+nearly the whole budget always had its chance). An attempt that got its slot
+late because QuoteFlow's own queue was long is cut short by the deadline
+through no fault of the supplier's: counted, it would eject healthy slow
+suppliers exactly when QuoteFlow is busiest. One that hangs from its first
+request still trips: cut at the deadline, it ran most of the budget. The
+bill marks an attempt cut short (``cut_short``).
 
 In half-open exactly one request at a time probes, under its normal budget
 and rules; every other request gets ``circuit_open`` meanwhile. A probe that
