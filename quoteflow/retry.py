@@ -108,6 +108,7 @@ class AttemptTimeEstimate:
         """An attempt ran ``seconds`` and was cut with no answer: it needs at least that."""
         self._cuts.append(seconds)
         self._changed = self.seen = True
+        self._ranked_at = -math.inf  # ranked at the next read, however soon: it matters now
 
     @property
     def needed(self) -> float:

@@ -69,11 +69,13 @@ class Impatience:
     """Answers slot waiters False once their patience runs out, unless a slot came first.
 
     Checked twice: by the hand-out, which asks ``ready`` before it gives a
-    freed slot to a waiter (the slot goes to one that can still use it, also
-    when the supplier's learned time has grown since the waiter began to
-    wait), and by one timer for every waiter of a limiter, set for the
-    soonest patience to run out, so that a waiter no slot comes to is
-    answered then, not at its deadline. A timer for each wait cost a
+    freed slot to a waiter (the slot goes to one that can still use it), and
+    by one timer for every waiter of a limiter, set for the soonest patience
+    to run out, so that a waiter no slot comes to is answered then, not at
+    its deadline. A patience is read when the wait begins, when the timer
+    fires, and when told to ``reconsider``: the supplier client does when a
+    supplier's learned time grew from an attempt cut with no answer — the
+    one estimate that a convoy could otherwise keep stale. A timer for each wait cost a
     saturating load (most attempts wait, briefly) more than the rule itself.
     The waiter's future is resolved, never cancelled: cancellation is the
     request's deadline (or its caller leaving), and the two must never be
@@ -82,7 +84,8 @@ class Impatience:
     """
 
     def __init__(self) -> None:
-        self._waiting: dict[asyncio.Future[bool], Patience] = {}
+        self._waiting: dict[asyncio.Future[bool], tuple[Patience, float]] = {}
+        """Each waiter's patience, and when (``time.monotonic()``) it runs out as last read."""
         self._timer: asyncio.TimerHandle | None = None
         self._due = math.inf
         """``time.monotonic()`` at which the timer fires (inf: none set)."""
@@ -93,15 +96,15 @@ class Impatience:
         wait = patience.left(now)
         if wait <= 0:
             return False
-        self._waiting[granted] = patience
+        self._waiting[granted] = (patience, now + wait)
         if now + wait < self._due:
             self._set(now, wait)
         return True
 
     def ready(self, granted: asyncio.Future[bool]) -> bool:
         """Whether a freed slot may go to this waiter; if its patience ran out, answer it False."""
-        patience = self._waiting.pop(granted, None)
-        if patience is None or patience.left(time.monotonic()) > 0:
+        watched = self._waiting.pop(granted, None)
+        if watched is None or time.monotonic() < watched[1]:
             return True
         granted.set_result(False)
         return False
@@ -110,6 +113,10 @@ class Impatience:
         """The waiter left (cancelled): nothing to check any more."""
         self._waiting.pop(granted, None)
 
+    def reconsider(self) -> None:
+        """Read every waiter's patience again now (a supplier's learned time grew)."""
+        self._check()
+
     def _set(self, now: float, wait: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
@@ -117,18 +124,20 @@ class Impatience:
         self._timer = asyncio.get_running_loop().call_later(wait, self._check)
 
     def _check(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
         self._timer, self._due = None, math.inf
         now = time.monotonic()
         waiting = {}
         soonest = math.inf
-        for granted, patience in self._waiting.items():
+        for granted, (patience, _) in self._waiting.items():
             if granted.done():
                 continue  # answered already
             wait = patience.left(now)
             if wait <= 0:
                 granted.set_result(False)
             else:  # not yet; or a shared call's deadline moved later meanwhile
-                waiting[granted] = patience
+                waiting[granted] = (patience, now + wait)
                 soonest = min(soonest, wait)
         self._waiting = waiting
         if waiting:
@@ -153,6 +162,10 @@ class OutboundLimiter(Protocol):
 
     def release(self, supplier: str) -> None:
         """The attempt at ``supplier`` is over: its slot is free for the next one."""
+        ...
+
+    def reconsider(self) -> None:
+        """A supplier's learned time grew: every waiter's patience is read again now."""
         ...
 
 
@@ -235,6 +248,10 @@ class OutboundSlots:
             raise
         self._waiting.remove(entry)  # gave up: its place goes to whoever can still use it
         return False
+
+    def reconsider(self) -> None:
+        """A supplier's learned time grew: every waiter's patience is read again now."""
+        self._impatience.reconsider()
 
     def release(self, supplier: str) -> None:
         """Give back ``supplier``'s slot, handing it on to the first waiter it fits."""

@@ -425,8 +425,8 @@ class SupplierClient:
         )
         return fetched
 
-    @staticmethod
     def _cut(
+        self,
         state: _SupplierState,
         trace: SupplierTrace,
         attempt: int,
@@ -447,6 +447,7 @@ class SupplierClient:
         )
         if ran > estimate.needed:
             estimate.cut_after(ran)  # it needs at least this long (``retry.py``)
+            self._slots.reconsider()  # before this slot is handed on to a waiter
 
     async def _fetch(
         self, state: _SupplierState, call: _Call, headers: Mapping[str, str]

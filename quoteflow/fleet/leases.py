@@ -145,6 +145,10 @@ class FleetSlots:
         self._check_want(supplier)
         return False
 
+    def reconsider(self) -> None:
+        """A supplier's learned time grew: every waiter's patience is read again now."""
+        self._impatience.reconsider()
+
     def release(self, supplier: str) -> None:
         """Give back ``supplier``'s slot: to Redis if we hold too many, else to a local waiter."""
         self._held[supplier] -= 1
