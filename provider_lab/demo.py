@@ -856,6 +856,16 @@ async def slow_burst(
         f"one budget of {budget_ms:.0f} ms holds {calls} calls of {BURST_LATENCY_MS} ms "
         f"({calls // 3} complete answers at most)"
     )
+    stops = [
+        str(r.get("explain", {}).get("suppliers", {}).get("boreal", {}).get("stopped"))
+        for _, r, _ in answers
+    ]
+    if "no_slot_in_time" in stops:
+        last.notes.append(
+            "deadline: let in with the time QuoteFlow's estimate (learned at 0 ms) allowed, and "
+            "cut (not counted against the supplier); no_slot_in_time: gave its place up, "
+            "answered at once"
+        )
     if budget_ms > BURST_LATENCY_MS + 50:
         if unquoted := [s for s in SUPPLIERS if s not in quoted]:
             last.problems.append(f"never quoted in the burst: {', '.join(unquoted)}")
