@@ -30,14 +30,14 @@ deadline cut only if that attempt ran for at least the supplier's
 ``read_timeout`` — or, where that is longer than the budget, 1.25 times the
 longest it was recently seen to need (its answers, and its attempts cut
 after running past the estimate: the retry planner's window), never less
-than 1.25 × ``min_attempt_time``, which is also what a supplier with no
-history gets, and never more than 90 % of the budget (an attempt that ran
-nearly the whole budget always had its chance). An attempt that got its slot
-late because QuoteFlow's own queue was long is cut short by the deadline
-through no fault of the supplier's: counted, it would eject healthy slow
-suppliers exactly when QuoteFlow is busiest. One that hangs from its first
-request still trips: cut at the deadline, it ran most of the budget. The
-bill marks an attempt cut short (``cut_short``).
+than ``min_attempt_time``, which is also what a supplier with no history
+gets — and in either case never more than 90 % of the fan-out's time (an
+attempt that ran nearly all of it always had its chance). An attempt that
+got its slot late because QuoteFlow's own queue was long is cut short by
+the deadline through no fault of the supplier's: counted, it would eject
+healthy slow suppliers exactly when QuoteFlow is busiest. One that hangs
+from its first request still trips: cut at the deadline, it ran most of the
+budget. The bill marks an attempt cut short (``cut_short``).
 
 In half-open exactly one request at a time probes, under its normal budget
 and rules; every other request gets ``circuit_open`` meanwhile. A probe that

@@ -185,6 +185,7 @@ class CoalescingGateway:
         if waiter is call.owner:
             waiter.trace.attempts.extend(call.bill.attempts)
             waiter.trace.stopped = call.bill.stopped
+            waiter.trace.gave_up_after = call.bill.gave_up_after
         elif waiter is not call.starter:
             waiter.trace.stopped = STOPPED_JOINED
         if waiter is not call.starter:

@@ -184,8 +184,8 @@ class AttemptRecord:
     backoff: float | None = None
     """Seconds slept after this attempt before the next one, if any."""
     cut_short: bool = False
-    """The request's deadline cut it before it had a fair time (``breaker.py``):
-    QuoteFlow's own lateness, not the supplier's failure."""
+    """The request's deadline (or its caller leaving) cut it before it had a fair
+    time (``breaker.py``): QuoteFlow's own lateness, not the supplier's failure."""
 
     @property
     def ended(self) -> float:

@@ -225,7 +225,7 @@ class Telemetry:
         )
         self._slot_wait = PlainHistogram(
             "quoteflow_outbound_slot_wait_seconds",
-            "Time a supplier attempt waited for an outbound slot.",
+            "Time a supplier attempt waited for an outbound slot (given up or not).",
             SLOT_WAIT_BUCKETS,
         )
         self._attempts = PlainCounter(
@@ -519,6 +519,8 @@ class Telemetry:
                 self._circuit_open.inc(trace.supplier)
             elif trace.stopped == STOPPED_NO_SLOT_IN_TIME:
                 self._gave_up.inc(trace.supplier)
+                if trace.gave_up_after is not None:  # a wait too, if one that sent nothing
+                    self._slot_wait.observe(trace.gave_up_after)
             elif trace.stopped in RETRY_REFUSALS:
                 self._refusals.inc(trace.supplier, trace.stopped)
         self._requests.inc(OK)
@@ -541,6 +543,9 @@ class Telemetry:
                 fields["caller"] = report.caller
             if self._sharing:
                 fields["shared"] = _shared(report.traces)
+            gave_up = [t.supplier for t in report.traces if t.stopped == STOPPED_NO_SLOT_IN_TIME]
+            if gave_up:
+                fields["gave_up"] = gave_up  # no slot in time: no attempt line says so
             log_event(log, logging.INFO, "quote_request", fields)
 
     def caller_left(self, request_id: str) -> None:

@@ -95,11 +95,16 @@ class AttemptTimeEstimate:
         self.seen = False
         """Whether any attempt has answered or been cut: without that, nothing is known."""
 
-    def observe(self, seconds: float) -> None:
-        """Record how long an attempt that got an answer took."""
+    def observe(self, seconds: float, *, full: bool = True) -> None:
+        """Record how long an attempt that got an answer took.
+
+        ``full``: a 200 (its body read). Only such an answer, quicker than a
+        cut attempt, refutes that attempt's bound: a supplier whose errors
+        stay quick while its quotes slowed down still needs the time.
+        """
         self._recent.append(seconds)
         self._changed = self.seen = True
-        if self._cuts and seconds < max(self._cuts):
+        if full and self._cuts and seconds < max(self._cuts):
             self._cuts = collections.deque(
                 (cut for cut in self._cuts if cut <= seconds), maxlen=self._cuts.maxlen
             )
@@ -130,7 +135,7 @@ class AttemptTimeEstimate:
 
     @property
     def longest(self) -> float:
-        """The longest the supplier was recently seen to need, never less than the floor.
+        """The longest the supplier was recently seen to need (0 before anything was seen).
 
         What an attempt cut by the deadline is measured against before it
         counts against the supplier (``breaker.py``'s fair chance). Not the
@@ -139,7 +144,7 @@ class AttemptTimeEstimate:
         it was given less time than it now needs would eject a healthy supplier.
         """
         slowest = max(self._recent) if self._recent else 0.0
-        return max(self.floor, slowest, max(self._cuts) if self._cuts else 0.0)
+        return max(slowest, max(self._cuts) if self._cuts else 0.0)
 
     def _rank(self, now: float) -> None:
         ranked = sorted(itertools.chain(self._recent, self._cuts))  # never empty once changed

@@ -33,8 +33,6 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-from quoteflow.models import MovingDeadline
-
 
 class Patience(Protocol):
     """How long one attempt may still wait for a slot."""
@@ -47,35 +45,18 @@ class Patience(Protocol):
         ...
 
 
-class Until:
-    """Patient while ``deadline`` leaves ``needed`` seconds.
-
-    ``deadline`` is a ``time.monotonic()`` value, or a shared call's
-    ``MovingDeadline``, read afresh each time (it moves while the call runs).
-    """
-
-    __slots__ = ("deadline", "needed")
-
-    def __init__(self, deadline: float | MovingDeadline, needed: float) -> None:
-        self.deadline = deadline
-        self.needed = needed
-
-    def left(self, now: float) -> float:
-        """Seconds from ``now`` until the deadline leaves less than ``needed``."""
-        return self.deadline - now - self.needed
-
-
 class Impatience:
     """Answers slot waiters False once their patience runs out, unless a slot came first.
 
-    Checked twice: by the hand-out, which asks ``ready`` before it gives a
-    freed slot to a waiter (the slot goes to one that can still use it), and
-    by one timer for every waiter of a limiter, set for the soonest patience
-    to run out, so that a waiter no slot comes to is answered then, not at
-    its deadline. A patience is read when the wait begins, when the timer
-    fires, and when told to ``reconsider``: the supplier client does when a
-    supplier's learned time grew from an attempt cut with no answer — the
-    one estimate that a convoy could otherwise keep stale. A timer for each wait cost a
+    A waiter's patience is read when its wait begins; by the hand-out, which
+    asks ``ready`` before it gives a freed slot to a waiter, so that the slot
+    goes to one that can still use it (read afresh: a supplier's learned
+    time may have grown, a shared call's deadline moved, since the wait
+    began); by one timer for every waiter of a limiter, set for the soonest
+    patience to run out, so that a waiter no slot comes to is answered then,
+    not at its deadline; and when told to ``reconsider`` — the supplier
+    client does when a cut attempt raised a supplier's learned time, so that
+    its waiters that can no longer finish are answered at once. A timer for each wait cost a
     saturating load (most attempts wait, briefly) more than the rule itself.
     The waiter's future is resolved, never cancelled: cancellation is the
     request's deadline (or its caller leaving), and the two must never be
@@ -84,8 +65,7 @@ class Impatience:
     """
 
     def __init__(self) -> None:
-        self._waiting: dict[asyncio.Future[bool], tuple[Patience, float]] = {}
-        """Each waiter's patience, and when (``time.monotonic()``) it runs out as last read."""
+        self._waiting: dict[asyncio.Future[bool], Patience] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._due = math.inf
         """``time.monotonic()`` at which the timer fires (inf: none set)."""
@@ -96,15 +76,15 @@ class Impatience:
         wait = patience.left(now)
         if wait <= 0:
             return False
-        self._waiting[granted] = (patience, now + wait)
+        self._waiting[granted] = patience
         if now + wait < self._due:
             self._set(now, wait)
         return True
 
     def ready(self, granted: asyncio.Future[bool]) -> bool:
         """Whether a freed slot may go to this waiter; if its patience ran out, answer it False."""
-        watched = self._waiting.pop(granted, None)
-        if watched is None or time.monotonic() < watched[1]:
+        patience = self._waiting.pop(granted, None)
+        if patience is None or patience.left(time.monotonic()) > 0:
             return True
         granted.set_result(False)
         return False
@@ -130,14 +110,14 @@ class Impatience:
         now = time.monotonic()
         waiting = {}
         soonest = math.inf
-        for granted, (patience, _) in self._waiting.items():
+        for granted, patience in self._waiting.items():
             if granted.done():
                 continue  # answered already
             wait = patience.left(now)
             if wait <= 0:
                 granted.set_result(False)
             else:  # not yet; or a shared call's deadline moved later meanwhile
-                waiting[granted] = (patience, now + wait)
+                waiting[granted] = patience
                 soonest = min(soonest, wait)
         self._waiting = waiting
         if waiting:

@@ -87,8 +87,9 @@ many times the longest of the supplier's recent answers (``breaker.py``). Not
 needs is QuoteFlow's bet, and answer times jitter by a few milliseconds."""
 
 WHOLE_CHANCE: Final = 0.9
-"""Share of the budget after which an attempt cut by the deadline always counts:
-a supplier that hangs is blamed even when its recent answers were slow."""
+"""Share of the fan-out's time (the budget less the answer's reserve) after which an
+attempt cut by the deadline always counts: a supplier that hangs is blamed even when
+its recent answers were slow, or its read timeout is nearly the budget."""
 
 TRUNCATION_CAUSES: Final = (ContentLengthError, TransferEncodingError)
 """Causes of a ``ClientPayloadError`` that mean "the body was cut short"."""
@@ -188,10 +189,10 @@ class _SupplierState:
         """The catalogue's headers, sent on every attempt (empty for the lab's suppliers)."""
         self.adapter: Adapter | None = supplier.adapter
         self.fair_time = supplier.read_timeout if supplier.read_timeout < settings.budget else None
-        """Time an attempt cut by the deadline must have had to count against the
-        supplier: its read timeout, or (None) ``fair_time`` of what it was seen to need."""
-        self.whole_chance = WHOLE_CHANCE * settings.budget
-        """An attempt that ran this long had nearly the whole budget: always a fair time."""
+        """Time an attempt cut by the deadline must have had to count against the supplier:
+        its read timeout, or (None) ``FAIR_MARGIN`` times the longest it was seen to need."""
+        self.whole_chance = WHOLE_CHANCE * (settings.budget - settings.answer_reserve)
+        """An attempt that ran this long had nearly all the fan-out's time: always a fair time."""
         self.get_options: dict[str, Any] = {"allow_redirects": False}
         """Keyword arguments of every ``session.get``, fixed here rather than per attempt."""
         if (supplier.connect_timeout, supplier.read_timeout) != (
@@ -411,8 +412,10 @@ class SupplierClient:
         finally:
             self._slots.release(trace.supplier)
         ended = time.monotonic()
-        if isinstance(fetched, bytes) or fetched.status is not None:
+        if isinstance(fetched, bytes | _Answer):
             state.attempt_time.observe(ended - started)  # it answered: a useful attempt's length
+        elif fetched.status is not None:
+            state.attempt_time.observe(ended - started, full=fetched.status == 200)
         if isinstance(fetched, bytes):
             fetched = self._decode(state, fetched, trace.supplier, call.request.sku)
         elif isinstance(fetched, _Answer):
@@ -441,7 +444,8 @@ class SupplierClient:
         # (its breaker does not count it, ``breaker.py``).
         fair = state.fair_time
         if fair is None:
-            fair = min(FAIR_MARGIN * estimate.longest, state.whole_chance)
+            fair = max(estimate.floor, FAIR_MARGIN * estimate.longest)
+        fair = min(fair, state.whole_chance)
         trace.attempts.append(
             _record(attempt, waiting_since, started, now, TIMEOUT, cut_short=ran < fair)
         )

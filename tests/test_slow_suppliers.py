@@ -24,7 +24,8 @@ from pytest_aiohttp import AiohttpClient
 
 from quoteflow.app import create_app
 from quoteflow.config import Settings
-from quoteflow.slots import OutboundSlots, Until
+from quoteflow.models import MovingDeadline
+from quoteflow.slots import OutboundSlots
 from tests.conftest import TEST_CONNECT_TIMEOUT
 from tests.fakes import FakeSuppliers, delay, hang, quote, status
 from tests.redis_server import RedisServer
@@ -33,6 +34,17 @@ from tests.test_fleet import wait_until, workers
 from tests.test_observability import metric
 
 BUDGET = 0.6
+
+
+class Until:
+    """A waiter's patience (``slots.Patience``): while ``deadline`` leaves ``needed`` seconds."""
+
+    def __init__(self, deadline: float | MovingDeadline, needed: float) -> None:
+        self.deadline = deadline
+        self.needed = needed
+
+    def left(self, now: float) -> float:
+        return self.deadline - now - self.needed
 
 
 @pytest.fixture
@@ -205,6 +217,47 @@ async def test_a_supplier_that_slows_down_is_learned_from_its_cut_attempts(
     assert await circuit(client) == 0  # R2 was cut short of what boreal now needs
 
 
+async def test_a_hang_still_counts_with_a_large_answer_reserve(
+    quoteflow: Any, suppliers: FakeSuppliers
+) -> None:
+    """The fair time's cap is the fan-out's time, not the budget: with 15 % kept for the
+    answer, an attempt to a hang that ran all the time it could have is still a failure."""
+    client = await quoteflow(answer_reserve=0.09)
+    suppliers.always("boreal", hang())
+    for _ in range(2):  # the second is judged against the first's cut (about 0.51 s)
+        answer = await explain(client)
+        assert "cut_short" not in bill(answer)["attempts"][0]
+    assert await circuit(client) == 2
+
+
+async def test_a_shared_calls_give_up_is_on_its_owners_bill(
+    quoteflow: Any, suppliers: FakeSuppliers
+) -> None:
+    """``--coalesce``: the owner of a shared call that gave its place up says how long it waited."""
+    client = await quoteflow(coalesce=True, breaker_failures=0)
+    suppliers.always("boreal", delay(0.15))
+    for _ in range(4):
+        await explain(client)  # boreal's time: 0.15 s
+
+    async def ask(scenario: str) -> dict[str, Any]:
+        response = await client.post(
+            "/api/quotes?explain=1", json={"quantity": 1, "scenario": scenario}
+        )
+        answer: dict[str, Any] = await response.json()
+        return answer
+
+    suppliers.script("boreal", delay(0.55))  # the first call holds boreal's one slot
+    gave_up = (await asyncio.gather(ask("normal"), later_ask(0.1, ask, "flaky")))[1]
+    assert bill(gave_up)["stopped"] == "no_slot_in_time"
+    assert bill(gave_up)["gave_up_after_ms"] > 0
+
+
+async def later_ask(seconds: float, ask: Any, scenario: str) -> dict[str, Any]:
+    await asyncio.sleep(seconds)
+    answer: dict[str, Any] = await ask(scenario)
+    return answer
+
+
 async def test_the_half_open_probe_waits_for_its_slot(
     quoteflow: Any, suppliers: FakeSuppliers
 ) -> None:
@@ -357,3 +410,25 @@ async def test_a_given_up_waiter_is_passed_over_and_holds_nothing() -> None:
     assert (slots.in_use, slots.held("boreal")) == (1, 1)
     slots.release("boreal")
     assert slots.in_use == 0
+
+
+async def test_a_waiter_answered_then_cancelled_holds_nothing() -> None:
+    """Cancelled in the same loop turn as its answer, False or True: no slot is kept or lost."""
+    slots = OutboundSlots(1, {"boreal": 1})
+    assert await slots.acquire("boreal")
+    deadline = MovingDeadline(time.monotonic() + 5)
+    gives_up = asyncio.create_task(slots.acquire("boreal", Until(deadline, 0.05)))
+    await asyncio.sleep(0)
+    deadline.at = time.monotonic()  # a shared call's deadline, moved: its patience is gone
+    slots.reconsider()  # answered False...
+    gives_up.cancel()  # ...and cancelled before it ran
+    with pytest.raises(asyncio.CancelledError):
+        await gives_up
+    granted = asyncio.create_task(slots.acquire("boreal", Until(time.monotonic() + 5, 0.05)))
+    await asyncio.sleep(0)
+    slots.release("boreal")  # answered True...
+    granted.cancel()  # ...and cancelled before it ran: the slot goes back
+    with pytest.raises(asyncio.CancelledError):
+        await granted
+    assert (slots.in_use, slots.held("boreal")) == (0, 0)
+    assert await asyncio.wait_for(slots.acquire("boreal"), 1)
