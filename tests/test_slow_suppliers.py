@@ -24,6 +24,7 @@ from pytest_aiohttp import AiohttpClient
 
 from quoteflow.app import create_app
 from quoteflow.config import Settings
+from quoteflow.fleet import FleetSlots
 from quoteflow.models import MovingDeadline
 from quoteflow.slots import OutboundSlots
 from tests.conftest import TEST_CONNECT_TIMEOUT
@@ -432,3 +433,21 @@ async def test_a_waiter_answered_then_cancelled_holds_nothing() -> None:
         await granted
     assert (slots.in_use, slots.held("boreal")) == (0, 0)
     assert await asyncio.wait_for(slots.acquire("boreal"), 1)
+
+
+async def test_a_fleet_worker_on_its_own_gives_up_and_hands_on_to_a_patient_waiter() -> None:
+    """Redis out of reach (the safe share, one slot here): the same rule in the local queue."""
+    slots = FleetSlots(
+        2, 1, ["boreal"], need_sync=lambda _: None, lapsed=lambda: None, rejoin=1.0, narrow=0.1
+    )
+    slots.go_local()  # never joined: one attempt at a time
+    assert await slots.acquire("boreal")
+    impatient = asyncio.create_task(slots.acquire("boreal", Until(time.monotonic() + 0.1, 0.05)))
+    patient = asyncio.create_task(slots.acquire("boreal", Until(time.monotonic() + 5, 0.05)))
+    assert await impatient is False
+    assert slots.waiting == 1
+    slots.release("boreal")
+    assert await patient is True
+    assert (slots.in_use, slots.waiting) == (1, 0)
+    slots.release("boreal")
+    assert slots.in_use == 0
