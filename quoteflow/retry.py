@@ -98,8 +98,8 @@ class AttemptTimeEstimate:
     def observe(self, seconds: float, *, full: bool = True) -> None:
         """Record how long an attempt that got an answer took.
 
-        ``full``: a 200 (its body read). Only such an answer, quicker than a
-        cut attempt, refutes that attempt's bound: a supplier whose errors
+        ``full``: a 200 whose body was read. Only such an answer, quicker than
+        a cut attempt, refutes that attempt's bound: a supplier whose errors
         stay quick while its quotes slowed down still needs the time.
         """
         self._recent.append(seconds)

@@ -48,16 +48,20 @@ class Patience(Protocol):
 class Impatience:
     """Answers slot waiters False once their patience runs out, unless a slot came first.
 
-    A waiter's patience is read when its wait begins; by the hand-out, which
-    asks ``ready`` before it gives a freed slot to a waiter, so that the slot
-    goes to one that can still use it (read afresh: a supplier's learned
-    time may have grown, a shared call's deadline moved, since the wait
-    began); by one timer for every waiter of a limiter, set for the soonest
-    patience to run out, so that a waiter no slot comes to is answered then,
-    not at its deadline; and when told to ``reconsider`` — the supplier
-    client does when a cut attempt raised a supplier's learned time, so that
-    its waiters that can no longer finish are answered at once. A timer for each wait cost a
-    saturating load (most attempts wait, briefly) more than the rule itself.
+    A waiter's patience is read:
+
+    - when its wait begins (already out of time: never queued);
+    - by the hand-out, which asks ``ready`` before it gives a freed slot, so
+      that the slot goes to a waiter that can still use it — read afresh, as
+      the supplier's learned time may have grown, or a shared call's
+      deadline moved, since the wait began;
+    - by one timer for all the waiters of a limiter, set for the soonest
+      patience to run out, so that a waiter no slot reaches is answered
+      then, not at its deadline (a timer for each wait cost a saturating
+      load, where most attempts wait briefly, more than the rule itself);
+    - on ``reconsider``: the supplier client asks for it when a cut attempt
+      raised a supplier's learned time.
+
     The waiter's future is resolved, never cancelled: cancellation is the
     request's deadline (or its caller leaving), and the two must never be
     confused. A hand-out skips a future that is already done, so a waiter
@@ -244,12 +248,12 @@ class OutboundSlots:
         index = 0
         while self.free and index < len(self._waiting):
             supplier, granted = self._waiting[index]
-            if granted.done() or self._held[supplier] >= self._share[supplier]:
-                # Cancelled or given up and about to leave, or its supplier is at its share.
+            if (
+                granted.done()  # cancelled or given up, about to leave
+                or self._held[supplier] >= self._share[supplier]
+                or not self._impatience.ready(granted)  # too late to use it: answered False
+            ):
                 index += 1
-                continue
-            if not self._impatience.ready(granted):
-                index += 1  # too late to use it now: answered, and about to leave
                 continue
             del self._waiting[index]
             self.free -= 1

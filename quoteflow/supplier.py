@@ -334,7 +334,8 @@ class SupplierClient:
                 # No slot came while the attempt could still finish: answer now,
                 # with the last attempt's code if there was one.
                 trace.stopped = STOPPED_NO_SLOT_IN_TIME
-                result = result or tried
+                if result is None:
+                    result = tried
                 break
             result = tried
             if attempt > 1 and result.quote is not None:
@@ -414,8 +415,8 @@ class SupplierClient:
         ended = time.monotonic()
         if isinstance(fetched, bytes | _Answer):
             state.attempt_time.observe(ended - started)  # it answered: a useful attempt's length
-        elif fetched.status is not None:
-            state.attempt_time.observe(ended - started, full=fetched.status == 200)
+        elif fetched.status is not None:  # an error, or a 200 whose body could not be read
+            state.attempt_time.observe(ended - started, full=False)
         if isinstance(fetched, bytes):
             fetched = self._decode(state, fetched, trace.supplier, call.request.sku)
         elif isinstance(fetched, _Answer):
