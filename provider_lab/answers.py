@@ -43,7 +43,13 @@ Waited = Literal["done", "deadline", "gone"]
 
 @attrs.frozen
 class Call:
-    """One supplier request as the lab understood it."""
+    """One supplier request as the lab understood it, asked the classic way.
+
+    ``GET /quotes/{supplier}?sku=...``. The other dialects
+    (:mod:`provider_lab.dialects`) are subclasses that write their own good
+    quote, 404 and redirect target; every fault and scenario reaches a
+    dialect's bytes through these methods alone.
+    """
 
     request: web.Request
     state: LabState
@@ -52,6 +58,32 @@ class Call:
     scenario: str
     request_id: str | None
     deadline: float | None  # loop time after which the caller has given up, if it said so
+
+    def ok(self, offer: Offer) -> web.Response:
+        """The 200 with ``offer`` as this dialect writes a good quote."""
+        # Written out rather than through ``body``: this is the benchmark's hot path.
+        body = render(quote_pairs(self.supplier, self.sku, offer))
+        return web.Response(body=body, content_type=JSON)
+
+    def body(self, offer: Offer) -> bytes:
+        """A good quote's bytes in this dialect (faults that send a valid quote use them)."""
+        return render(quote_pairs(self.supplier, self.sku, offer))
+
+    def malformed(self, offer: Offer) -> bytes:
+        """The ``malformed`` scenario's body: a good quote with one value of the wrong type."""
+        pairs = quote_pairs(self.supplier, self.sku, offer)
+        return render([(k, f'"{v}"' if k == "unit_cents" else v) for k, v in pairs])
+
+    def unknown_sku(self) -> web.Response:
+        """The 404 for a SKU this supplier does not sell."""
+        return json_response(
+            404, {"error": "unknown_sku", "supplier": self.supplier, "sku": self.sku}
+        )
+
+    def elsewhere(self, other: str) -> str:
+        """Where a 3xx sends this request: the same question to supplier ``other``."""
+        query = self.request.query_string
+        return f"/quotes/{other}" + (f"?{query}" if query else "")
 
 
 def quote_pairs(supplier: str, sku: str, offer: Offer) -> Pairs:
@@ -94,11 +126,16 @@ async def wait(call: Call, seconds: float) -> Waited:
     The connection is polled rather than relying on aiohttp's handler cancellation,
     so a hanging answer ends (and leaves ``active``) however the server is run.
     """
+    return await wait_for(call.request, call.deadline, seconds)
+
+
+async def wait_for(request: web.Request, deadline: float | None, seconds: float) -> Waited:
+    """:func:`wait` for any request: ``deadline`` is a loop time, or ``None`` for none."""
     loop = asyncio.get_running_loop()
     target = loop.time() + seconds
-    end = target if call.deadline is None else min(target, call.deadline + DEADLINE_GRACE_S)
+    end = target if deadline is None else min(target, deadline + DEADLINE_GRACE_S)
     while True:
-        if client_gone(call.request):
+        if client_gone(request):
             return "gone"
         now = loop.time()
         if now >= end:
@@ -134,23 +171,28 @@ def http_error(call: Call, fault: Fault) -> web.Response:
     if retry_after is not None:
         headers["Retry-After"] = str(retry_after)
     if 300 <= status < 400:
-        other = call.state.other_than(call.supplier)
-        query = call.request.query_string
-        headers["Location"] = f"/quotes/{other}" + (f"?{query}" if query else "")
+        headers["Location"] = call.elsewhere(call.state.other_than(call.supplier))
     size = fault.int_param("size") if "size" in fault.params else 0
     body = _error_body(f"injected_{fault.kind}", size)
     return web.Response(status=status, body=body, content_type=JSON, headers=headers)
 
 
 def bad_data(call: Call, fault: Fault, offer: Offer) -> web.Response:
-    """A 200 whose body is wrong in exactly the way ``fault`` names."""
-    pairs = quote_pairs(call.supplier, call.sku, offer)
-    values = dict(pairs)
-    content_type = JSON
+    """A 200 whose body is wrong in exactly the way ``fault`` names.
+
+    ``not_json`` and ``wrong_content_type`` start from the call's own dialect;
+    the kinds that change one field start from the classic five keys, a body
+    no adapter of another dialect accepts either.
+    """
     match fault.kind:
         case Kind.NOT_JSON:
-            body, content_type = _not_json(fault.str_param("variant"), pairs)
+            body, content_type = _not_json(fault.str_param("variant"), call.body(offer))
             return web.Response(body=body, content_type=content_type)
+        case Kind.WRONG_CONTENT_TYPE:
+            return web.Response(body=call.body(offer), content_type="text/plain")
+    pairs = quote_pairs(call.supplier, call.sku, offer)
+    values = dict(pairs)
+    match fault.kind:
         case Kind.WRONG_TYPES:
             field = fault.str_param("field")
             values[field] = _retyped(int(values[field]), fault.str_param("variant"))
@@ -170,11 +212,9 @@ def bad_data(call: Call, fault: Fault, offer: Offer) -> web.Response:
             values["supplier"] = json.dumps(other)
         case Kind.WRONG_SKU:
             values["sku"] = json.dumps(call.sku + "-OTHER")
-        case Kind.WRONG_CONTENT_TYPE:
-            content_type = "text/plain"
         case _:  # pragma: no cover - the dispatcher only sends data kinds here
             raise AssertionError(fault.kind)
-    return web.Response(body=render(list(values.items())), content_type=content_type)
+    return web.Response(body=render(list(values.items())), content_type=JSON)
 
 
 def _retyped(value: int, variant: str) -> str:
@@ -189,8 +229,7 @@ def _retyped(value: int, variant: str) -> str:
     }[variant]
 
 
-def _not_json(variant: str, pairs: Pairs) -> tuple[bytes, str]:
-    quote = render(pairs)
+def _not_json(variant: str, quote: bytes) -> tuple[bytes, str]:
     return {
         "html": (b"<html><body><h1>502 Bad Gateway</h1></body></html>", "text/html"),
         "text": (b"OK", "text/plain"),
@@ -203,7 +242,7 @@ def _not_json(variant: str, pairs: Pairs) -> tuple[bytes, str]:
 
 def bad_gzip(call: Call, offer: Offer) -> web.Response:
     """A 200 that claims gzip but whose bytes are plain text."""
-    body = render(quote_pairs(call.supplier, call.sku, offer))
+    body = call.body(offer)
     return web.Response(body=body, content_type=JSON, headers={"Content-Encoding": "gzip"})
 
 
@@ -248,14 +287,14 @@ def warm_up() -> None:
 
 async def gzip_bomb(call: Call, fault: Fault, offer: Offer) -> web.Response:
     """A small, valid gzip body that inflates to ``size`` bytes of whitespace and a quote."""
-    quote = render(quote_pairs(call.supplier, call.sku, offer))
+    quote = call.body(offer)
     body = await asyncio.to_thread(gzip_bomb_body, quote, fault.int_param("size"))
     return web.Response(body=body, content_type=JSON, headers={"Content-Encoding": "gzip"})
 
 
 async def oversized(call: Call, fault: Fault, offer: Offer) -> web.StreamResponse:
     """A valid quote padded with whitespace to ``size`` bytes, streamed without buffering it."""
-    quote = render(quote_pairs(call.supplier, call.sku, offer))
+    quote = call.body(offer)
     size = max(fault.int_param("size"), len(quote))
     response = web.StreamResponse()
     response.content_type = JSON
@@ -303,7 +342,7 @@ async def reset_mid_body(call: Call, offer: Offer) -> web.StreamResponse:
 
 
 async def _half_sent(call: Call, offer: Offer) -> web.StreamResponse:
-    body = render(quote_pairs(call.supplier, call.sku, offer))
+    body = call.body(offer)
     response = web.StreamResponse()
     response.content_type = JSON
     response.content_length = len(body)
@@ -343,7 +382,7 @@ async def slow_body(call: Call, fault: Fault, offer: Offer) -> web.StreamRespons
     response = await _half_sent(call, offer)
     waited = await wait(call, fault.int_param("ms") / 1000)
     if waited == "done":
-        body = render(quote_pairs(call.supplier, call.sku, offer))
+        body = call.body(offer)
         await response.write(body[len(body) // 2 :])
     elif waited == "deadline" and call.request.transport is not None:
         call.state.stats.deadline_expired += 1

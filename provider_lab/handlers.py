@@ -1,9 +1,12 @@
-"""``GET /quotes/{supplier}``: the suppliers themselves.
+"""The suppliers themselves: the decision pipeline every dialect shares, and the classic one.
 
-Order of decisions for one request: unknown supplier (404) or scenario (400)
-→ count it → the lab-wide latency → the supplier's next fault, if any → the
-scenario (boreal only) → the catalogue (404 for an unknown SKU) → the quote.
-The supplier's ``Cache-Control``, if one is set, goes on whatever answer that is.
+Order of decisions for one request: the dialect reads it (``/quotes/{supplier}``
+here; :mod:`provider_lab.dialects` for the others): unknown supplier (404), a
+request it cannot read (400) → count it → the dialect's credentials (bearer
+token, API key; none for the classic dialect) → the lab-wide latency → the
+supplier's next fault, if any → the scenario (boreal only) → the catalogue
+(404 for an unknown SKU) → the quote, written in the dialect's shape. The
+supplier's ``Cache-Control``, if one is set, goes on whatever answer that is.
 """
 
 from __future__ import annotations
@@ -11,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Callable
 
 import attrs
 from aiohttp import web
 
 from provider_lab import answers
 from provider_lab.answers import Call
-from provider_lab.catalogue import Offer, lookup
+from provider_lab.catalogue import lookup
 from provider_lab.faults import Fault, Kind
 from provider_lab.state import SCENARIOS, STATE
 
@@ -41,7 +45,7 @@ STATUS_KINDS = frozenset(
 )
 
 
-def _deadline(header: str | None) -> float | None:
+def deadline(header: str | None) -> float | None:
     """The loop time at which the caller gives up, from ``X-Deadline-Remaining-Ms``."""
     if header is None:
         return None
@@ -54,8 +58,15 @@ def _deadline(header: str | None) -> float | None:
     return asyncio.get_running_loop().time() + remaining_ms / 1000
 
 
+Refusal = tuple[str, web.Response]
+"""What ``/stats`` counts a refused request as, and the answer that refuses it."""
+
+Gate = Callable[[Call], Refusal | None]
+"""A dialect's authentication check: ``None`` lets the request through."""
+
+
 async def quote(request: web.Request) -> web.StreamResponse:
-    """Answer one supplier request: a quote, a scenario's behaviour, or an injected fault."""
+    """``GET /quotes/{supplier}?sku=&scenario=``: the classic dialect, with no credentials."""
     supplier = request.match_info["supplier"]
     state = request.app[STATE]
     if supplier not in state.suppliers:
@@ -76,10 +87,23 @@ async def quote(request: web.Request) -> web.StreamResponse:
         sku=sku,
         scenario=scenario,
         request_id=headers.get("X-Request-ID"),
-        deadline=_deadline(headers.get("X-Deadline-Remaining-Ms")),
+        deadline=deadline(headers.get("X-Deadline-Remaining-Ms")),
     )
+    return await serve(call)
+
+
+async def serve(call: Call, gate: Gate | None = None) -> web.StreamResponse:
+    """Answer one supplier request read by any dialect: the pipeline every dialect shares.
+
+    Count it in ``/stats`` → ``gate`` (a dialect's credentials) → the latency →
+    the supplier's next fault → the scenario → the catalogue → the quote, written
+    by ``call``'s dialect. The supplier's ``Cache-Control`` goes on whatever
+    answer that is.
+    """
+    state = call.state
+    headers = call.request.headers
     state.stats.started(
-        supplier,
+        call.supplier,
         call.request_id,
         headers.get("X-Attempt"),
         headers.get("X-Deadline-Remaining-Ms"),
@@ -87,16 +111,24 @@ async def quote(request: web.Request) -> web.StreamResponse:
     )
     label = _Label()
     try:
-        return await _answer(call, label)
+        refused = None if gate is None else gate(call)
+        what, response = await _decide(call, label) if refused is None else refused
+        label.what = what
+        cache_control = state.cache_control.get(call.supplier)
+        # On every answer not already sent (a truncated body is): a cache must
+        # also see the header on the answers it must never store, such as a 503.
+        if cache_control is not None and not response.prepared:
+            response.headers["Cache-Control"] = cache_control
+        return response
     finally:
         # Recorded even when aiohttp cancels the handler because the client left.
-        state.stats.answered(supplier, label.what)
+        state.stats.answered(call.supplier, label.what)
         state.stats.finished()
         logger.debug(
             "answered supplier=%s sku=%r scenario=%s request_id=%s what=%s",
-            supplier,
-            sku,
-            scenario,
+            call.supplier,
+            call.sku,
+            call.scenario,
             call.request_id,
             label.what,
         )
@@ -107,17 +139,6 @@ class _Label:
     """How the current request is being answered, for ``/stats``'s ``answers``."""
 
     what: str = "client_gone"  # until something else is decided
-
-
-async def _answer(call: Call, label: _Label) -> web.StreamResponse:
-    what, response = await _decide(call, label)
-    label.what = what
-    cache_control = call.state.cache_control.get(call.supplier)
-    # On every answer not already sent (a truncated body is): a cache must
-    # also see the header on the answers it must never store, such as a 503.
-    if cache_control is not None and not response.prepared:
-        response.headers["Cache-Control"] = cache_control
-    return response
 
 
 async def _decide(call: Call, label: _Label) -> tuple[str, web.StreamResponse]:
@@ -136,25 +157,14 @@ async def _decide(call: Call, label: _Label) -> tuple[str, web.StreamResponse]:
             return scenario
     offer = lookup(call.supplier, call.sku)
     if offer is None:
-        return "unknown_sku", _unknown_sku(call)
-    return "ok", _ok(call, offer)
+        return "unknown_sku", call.unknown_sku()
+    return "ok", call.ok(offer)
 
 
 def _stopped(call: Call, waited: answers.Waited) -> tuple[str, web.StreamResponse]:
     if waited == "gone":
         return "client_gone", answers.gone()
     return "deadline_passed", answers.deadline_passed(call)
-
-
-def _unknown_sku(call: Call) -> web.Response:
-    return answers.json_response(
-        404, {"error": "unknown_sku", "supplier": call.supplier, "sku": call.sku}
-    )
-
-
-def _ok(call: Call, offer: Offer) -> web.Response:
-    body = answers.render(answers.quote_pairs(call.supplier, call.sku, offer))
-    return web.Response(body=body, content_type=answers.JSON)
 
 
 async def _scenario(call: Call) -> tuple[str, web.StreamResponse] | None:
@@ -176,10 +186,8 @@ async def _scenario(call: Call) -> tuple[str, web.StreamResponse] | None:
         case "malformed":
             offer = lookup(call.supplier, call.sku)
             if offer is None:
-                return "unknown_sku", _unknown_sku(call)
-            pairs = answers.quote_pairs(call.supplier, call.sku, offer)
-            body = answers.render([(k, f'"{v}"' if k == "unit_cents" else v) for k, v in pairs])
-            return label, web.Response(body=body, content_type=answers.JSON)
+                return "unknown_sku", call.unknown_sku()
+            return label, web.Response(body=call.malformed(offer), content_type=answers.JSON)
     return None
 
 
@@ -220,7 +228,7 @@ async def _faulty(call: Call, fault: Fault) -> web.StreamResponse:
     # Every remaining kind needs the offer; an unknown SKU stays a 404 whatever the fault.
     offer = lookup(call.supplier, call.sku)
     if offer is None:
-        return _unknown_sku(call)
+        return call.unknown_sku()
     if kind in DATA_KINDS:
         return answers.bad_data(call, fault, offer)
     match kind:
@@ -241,4 +249,4 @@ async def _faulty(call: Call, fault: Fault) -> web.StreamResponse:
         scenario = await _scenario(call)
         if scenario is not None:
             return scenario[1]
-    return _ok(call, offer)
+    return call.ok(offer)
