@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from quoteflow import handlers, logs
 from quoteflow.cache import CachingGateway, QuoteCache
 from quoteflow.callers import Callers, CallersFile, Gate, SharedMeter
-from quoteflow.catalogue import Catalogue
+from quoteflow.catalogue import MAX_SUPPLIERS, Catalogue
 from quoteflow.coalesce import CoalescingGateway
 from quoteflow.config import Settings
 from quoteflow.connections import ConnectionLimits, GuardedRunner, reserve_descriptors
@@ -427,7 +427,10 @@ def _supplier_session(
     async def session_ctx(app: web.Application) -> AsyncIterator[None]:
         """The app's one ``ClientSession``, open from start-up to shutdown."""
         settings = app[SETTINGS]
-        connector = aiohttp.TCPConnector(limit=settings.outbound_limit)
+        # Supplier attempts hold at most the outbound limit of connections (the
+        # slots see to it); the room above it is for OAuth2 token fetches, at
+        # most one per supplier, so that one never queues behind attempts.
+        connector = aiohttp.TCPConnector(limit=settings.outbound_limit + MAX_SUPPLIERS)
         # The global timeouts; a supplier of the catalogue with its own has its own per request.
         timeout = session_timeout(settings.connect_timeout, settings.read_timeout, settings.budget)
         async with aiohttp.ClientSession(
@@ -477,9 +480,18 @@ def _supplier_session(
                 telemetry,
                 slots=slots if isinstance(slots, OutboundSlots) else None,
             )
+            telemetry.add(
+                ReadCounter(
+                    "quoteflow_token_fetches",
+                    "OAuth2 token requests, by supplier and outcome (ok, refused, error, timeout).",
+                    ("supplier", "outcome"),
+                    lambda: {key: float(n) for key, n in client.token_fetches.items()},
+                )
+            )
             try:
                 yield
             finally:
                 roster.stop()
+                await client.close()
 
     return session_ctx

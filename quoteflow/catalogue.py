@@ -20,24 +20,56 @@ With ``--suppliers FILE`` it is ``load``'s reading of a TOML file::
     headers = { Authorization = "Bearer ${ATLAS_TOKEN}" }   # ${VAR}: from the environment
     adapter = "mypackage.adapters:atlas"          # foreign JSON → the supplier protocol
 
+A supplier whose API is shaped otherwise says how to ask it (``templates.py``
+compiles these; ``{sku}``, ``{quantity}``, ``{scenario}`` and ``{request_id}``
+are filled in per request)::
+
+    method = "POST"                                # GET (the default) or POST
+    url = "https://api.harbor.example/v2/parts/{sku}/quote"
+    query = { apikey = "${HARBOR_KEY}", qty = "{quantity}" }
+    body = { items = [ { partNumber = "{sku}", quantity = "{quantity}" } ] }
+
+    [supplier.oauth2]                              # RFC 6749 section 4.4
+    token_url = "https://auth.harbor.example/oauth2/token"
+    client_id = "${HARBOR_CLIENT_ID}"
+    client_secret = "${HARBOR_CLIENT_SECRET}"
+    scope = "quotes:read"                          # optional, as are the rest
+    params = { audience = "quotes" }
+    auth = "basic"                                 # or "post" (section 2.3.1)
+
 Every check fails with one ``CatalogueError`` naming the file, the supplier
-and the field. Header values are secrets: they are never part of a message,
-a ``repr`` or ``public()``.
+and the field. Header values, every ``${VAR}`` value and the OAuth2 client's
+credentials are secrets: they are never part of a message, a ``repr`` or
+``public()``.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import re
 import tomllib
-from collections.abc import Mapping
-from typing import Any, NoReturn, Protocol
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import attrs
 from yarl import URL
 
 from quoteflow.config import Settings
+from quoteflow.templates import (
+    PLACEHOLDERS,
+    Placeholder,
+    RequestShape,
+    Secret,
+    TemplateError,
+    Text,
+    compile_shape,
+    parse_json,
+    parse_text,
+    split_url,
+)
 
 MAX_SUPPLIERS = 32
 """Most suppliers one catalogue may name."""
@@ -75,8 +107,16 @@ _OPTIONAL = (
     "retry_budget_capacity",
     "headers",
     "adapter",
+    "method",
+    "query",
+    "body",
+    "oauth2",
 )
 _KEYS = ("name", "url", *_OPTIONAL)
+_SHAPING = ("method", "query", "body")
+"""Keys that make a supplier asked exactly as its templates say, with no default query."""
+_OAUTH2_KEYS = ("token_url", "client_id", "client_secret", "scope", "params", "auth", "timeout")
+METHODS = ("GET", "POST")
 
 
 class CatalogueError(ValueError):
@@ -86,13 +126,41 @@ class CatalogueError(ValueError):
 class Adapter(Protocol):
     """Turns one supplier's decoded JSON into the supplier protocol's five fields.
 
-    Takes whatever ``json.loads`` made of a 200 body and returns a mapping of
-    ``supplier``, ``sku``, ``unit_cents``, ``shipping_cents`` and ``stock``.
-    What it returns passes the same strict checks as any supplier's body;
-    raising, or returning anything else, makes the answer ``invalid_data``.
+    Takes whatever ``json.loads`` made of a 200 body and, if it takes a
+    second argument, what was asked (``models.Asked``: the supplier, SKU,
+    quantity and scenario), and returns a mapping of ``supplier``, ``sku``,
+    ``unit_cents``, ``shipping_cents`` and ``stock``. What it returns passes
+    the same strict checks as any supplier's body; raising, or returning
+    anything else, makes the answer ``invalid_data``.
     """
 
-    def __call__(self, payload: Any, /) -> Mapping[str, Any]: ...
+    def __call__(self, payload: Any, /, *asked: Any) -> Mapping[str, Any]: ...
+
+
+@attrs.frozen(kw_only=True)
+class OAuth2Client:
+    """A supplier's OAuth2 client-credentials grant (RFC 6749 section 4.4)."""
+
+    token_url: str = attrs.field(repr=False)
+    client_id: str = attrs.field(repr=False)
+    client_secret: str = attrs.field(repr=False)
+    scope: str | None = None
+    params: tuple[tuple[str, str], ...] = attrs.field(default=(), repr=False)
+    """Extra form fields of the token request (KrakenD's ``endpoint_params``)."""
+    auth: str = "basic"
+    """How the client authenticates (section 2.3.1): HTTP Basic, or in the form (``post``)."""
+    timeout: float = 5.0
+    """Seconds one token request may take."""
+    shown_token_url: str | None = None
+    """``token_url`` if no ``${VAR}`` is in it: what a log line may show."""
+
+    def public(self) -> dict[str, object]:
+        return {
+            "token_url": self.shown_token_url,
+            "auth": self.auth,
+            "scope": self.scope,
+            "params": [name for name, _ in self.params],
+        }
 
 
 @attrs.frozen(kw_only=True)
@@ -114,20 +182,41 @@ class Supplier:
     adapter: Adapter | None = attrs.field(default=None, repr=False, eq=False)
     adapter_name: str | None = None
     """``package.module:function`` of ``adapter``, as the file names it."""
+    adapter_takes_asked: bool = False
+    """The adapter takes a second argument: what was asked (``models.Asked``)."""
+    shape: RequestShape | None = attrs.field(default=None, repr=False)
+    """How to ask it when that is not QuoteFlow's classic ``GET {url}?sku=&scenario=``
+    with fixed headers; ``None``: exactly that."""
+    oauth2: OAuth2Client | None = attrs.field(default=None, repr=False)
+    shown_url: str | None = None
+    """``url`` with each ``${VAR}`` as ``***``, if it has one."""
+
+    @property
+    def method(self) -> str:
+        return "GET" if self.shape is None else self.shape.method
 
     def public(self) -> dict[str, object]:
         """What a log line or the ``starting`` event may show: header names, never values."""
-        return {
+        fields: dict[str, object] = {
             "name": self.name,
-            "url": self.url,
+            "url": self.url if self.shown_url is None else self.shown_url,
             "share": self.share,
             "connect_timeout": self.connect_timeout,
             "read_timeout": self.read_timeout,
             "breaker_failures": self.breaker_failures,
             "retry_budget_capacity": self.retry_budget_capacity,
-            "headers": [name for name, _ in self.headers],
+            "headers": [name for name, _ in self.headers]
+            if self.shape is None
+            else [name for name, _ in self.shape.headers],
             "adapter": self.adapter_name,
         }
+        if self.shape is not None:
+            fields["method"] = self.shape.method
+            fields["query"] = [name for name, _ in self.shape.query]
+            fields["body"] = self.shape.has_body
+        if self.oauth2 is not None:
+            fields["oauth2"] = self.oauth2.public()
+        return fields
 
 
 @attrs.frozen
@@ -256,9 +345,14 @@ class _Reader:
         if "url" not in table:
             self.fail("missing", "url")
         adapter_name = self.text("adapter") if "adapter" in table else None
+        adapter = None if adapter_name is None else self.adapter(adapter_name)
+        url = self.url(table["url"], environ)
+        oauth2 = self.oauth2(table["oauth2"], environ) if "oauth2" in table else None
+        headers = self.headers(table.get("headers", {}), environ, oauth2 is not None)
+        shape = self.shape(url, headers, environ)
         return Supplier(
             name=name,
-            url=self.url(table["url"]),
+            url=url,
             share=self.share(table.get("share", share), settings.outbound_limit),
             connect_timeout=self.duration("connect_timeout", settings.connect_timeout),
             read_timeout=self.duration("read_timeout", settings.read_timeout),
@@ -266,9 +360,125 @@ class _Reader:
             retry_budget_capacity=self.number(
                 "retry_budget_capacity", settings.retry_budget_capacity, at_least=1
             ),
-            headers=self.headers(table.get("headers", {}), environ),
-            adapter=None if adapter_name is None else self.adapter(adapter_name),
+            headers=() if shape is not None else _fixed(headers),
+            adapter=adapter,
             adapter_name=adapter_name,
+            adapter_takes_asked=adapter is not None and _takes_two(adapter),
+            shape=shape,
+            oauth2=oauth2,
+            shown_url=None if shape is None else shape.shown_origin + shape.path.render(_BRACED)[1],
+        )
+
+    def shape(
+        self, url: str, headers: tuple[tuple[str, Text], ...], environ: Mapping[str, str]
+    ) -> RequestShape | None:
+        """The supplier's request templates, or ``None`` for the classic request."""
+        table = self.table
+        origin, path = self.template("url", lambda: split_url(url, environ))
+        shaped = any(key in table for key in _SHAPING) or bool(path.placeholders)
+        method = table.get("method", "GET")
+        if method not in METHODS:
+            self.fail('must be "GET" or "POST"', "method")
+        if "body" in table:
+            if method != "POST":
+                self.fail('a body needs method = "POST"', "body")
+            if not isinstance(table["body"], dict):
+                self.fail("must be a table (the JSON object sent)", "body")
+            body = self.template("body", lambda: parse_json(table["body"], environ, "body"))
+        else:
+            body = None
+        if shaped:
+            query = self.query(table.get("query", {}), environ)
+        else:
+            # Classic, but with a secret in the path or a placeholder in a header:
+            # the same request, rendered.
+            if not path.secret and not any(text.placeholders for _, text in headers):
+                return None
+            query = (("sku", Text((_SKU,))), ("scenario", Text((_SCENARIO,))))
+        if body is not None and not any(name.lower() == "content-type" for name, _ in headers):
+            headers = (*headers, ("Content-Type", Text(("application/json",))))
+        return compile_shape(
+            method=method,
+            origin=origin,
+            path=path,
+            query=query,
+            headers=headers,
+            body=body,
+            has_body=body is not None,
+        )
+
+    def template(self, field: str, parse: Callable[[], _T]) -> _T:
+        try:
+            return parse()
+        except TemplateError as exc:
+            self.fail(str(exc), field)
+
+    def query(self, value: object, environ: Mapping[str, str]) -> tuple[tuple[str, Text], ...]:
+        if not isinstance(value, dict):
+            self.fail("must be a table of name = value", "query")
+        found: list[tuple[str, Text]] = []
+        for name, raw in value.items():
+            field = f"query.{name}"
+            if not name:
+                self.fail("a query name may not be empty", "query")
+            if type(raw) is int:
+                raw = str(raw)
+            if type(raw) is not str:
+                self.fail("must be a string or an integer", field)
+            found.append((name, self.template(field, partial(parse_text, raw, environ))))
+        return tuple(found)
+
+    def oauth2(self, value: object, environ: Mapping[str, str]) -> OAuth2Client:
+        if not isinstance(value, dict):
+            self.fail("must be a table ([supplier.oauth2])", "oauth2")
+        unknown = sorted(set(value) - set(_OAUTH2_KEYS))
+        if unknown:
+            self.fail(f"unknown key (known: {', '.join(_OAUTH2_KEYS)})", f"oauth2.{unknown[0]}")
+        texts: dict[str, str] = {}
+        for key in ("token_url", "client_id", "client_secret"):
+            field = f"oauth2.{key}"
+            if key not in value:
+                self.fail("missing", field)
+            if type(value[key]) is not str or not value[key]:
+                self.fail("must be a non-empty string", field)
+            texts[key] = self.resolve(value[key], environ, field)
+        token_url = texts["token_url"]
+        try:
+            parsed = URL(token_url)
+            parsed.port  # noqa: B018 -- parsing the port is the check
+        except ValueError:
+            self.fail("not a URL", "oauth2.token_url")
+        if parsed.scheme not in ("http", "https") or not parsed.host or parsed.fragment:
+            self.fail("must be an http:// or https:// URL with a host", "oauth2.token_url")
+        scope = value.get("scope")
+        if scope is not None and (type(scope) is not str or _FORBIDDEN_IN_VALUE.search(scope)):
+            self.fail("must be a string (space-separated scopes)", "oauth2.scope")
+        params = value.get("params", {})
+        if not isinstance(params, dict):
+            self.fail("must be a table of name = value", "oauth2.params")
+        resolved: list[tuple[str, str]] = []
+        for key, raw in params.items():
+            field = f"oauth2.params.{key}"
+            if type(raw) is not str:
+                self.fail("must be a string", field)
+            if key in ("grant_type", "scope", "client_id", "client_secret"):
+                self.fail("set by QuoteFlow from the oauth2 table", field)
+            resolved.append((key, self.resolve(raw, environ, field)))
+        auth = value.get("auth", "basic")
+        if auth not in ("basic", "post"):
+            self.fail('must be "basic" or "post"', "oauth2.auth")
+        timeout = value.get("timeout", 5.0)
+        if type(timeout) not in (int, float) or not 0 < timeout <= 60:
+            self.fail("must be more than 0 and at most 60 s", "oauth2.timeout")
+        return OAuth2Client(
+            token_url=token_url,
+            client_id=texts["client_id"],
+            client_secret=texts["client_secret"],
+            scope=scope,
+            params=tuple(resolved),
+            auth=auth,
+            timeout=float(timeout),
+            shown_token_url=None if "${" in value["token_url"] else token_url,
         )
 
     def text(self, field: str) -> str:
@@ -277,11 +487,13 @@ class _Reader:
             self.fail("must be a string", field)
         return value
 
-    def url(self, value: object) -> str:
+    def url(self, value: object, environ: Mapping[str, str]) -> str:
+        """The url as written (placeholders and all), its origin and literal path checked."""
         if type(value) is not str:
             self.fail("must be a string", "url")
+        origin, path = self.template("url", lambda: split_url(value, environ))
         try:
-            url = URL(value)
+            url = URL(origin + path.render(_NAMES)[0])
             url.port  # noqa: B018 -- parsing the port is the check
         except ValueError:
             self.fail("not a URL", "url")
@@ -322,10 +534,12 @@ class _Reader:
             self.fail(f"must be an integer from {low} to {high}", field)
         return value
 
-    def headers(self, value: object, environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    def headers(
+        self, value: object, environ: Mapping[str, str], oauth2: bool
+    ) -> tuple[tuple[str, Text], ...]:
         if not isinstance(value, dict):
             self.fail("must be a table of header name = value", "headers")
-        found: list[tuple[str, str]] = []
+        found: list[tuple[str, Text]] = []
         seen: set[str] = set()
         for header, raw in value.items():
             field = f"headers.{header}"
@@ -333,16 +547,21 @@ class _Reader:
                 self.fail("not a valid header name", "headers")
             if header.lower() in RESERVED_HEADERS:
                 self.fail("set by QuoteFlow on every attempt", field)
+            if oauth2 and header.lower() == "authorization":
+                self.fail("set from the oauth2 token", field)
             if header.lower() in seen:
                 self.fail("named twice (header names ignore case)", field)
             seen.add(header.lower())
             if type(raw) is not str:
                 self.fail("must be a string", field)
-            resolved = self.resolve(raw, environ, field)
-            if _FORBIDDEN_IN_VALUE.search(resolved):
-                # Never the value itself: it is a credential.
-                self.fail("contains a control character", field)
-            found.append((header, resolved))
+            text = self.template(field, partial(parse_text, raw, environ))
+            for piece in text.pieces:
+                # A placeholder's value is encoded as it is sent (templates.header_value).
+                fixed = piece.value if isinstance(piece, Secret) else piece
+                if isinstance(fixed, str) and _FORBIDDEN_IN_VALUE.search(fixed):
+                    # Never the value itself: it is a credential.
+                    self.fail("contains a control character", field)
+            found.append((header, text))
         return tuple(found)
 
     def resolve(self, raw: str, environ: Mapping[str, str], field: str) -> str:
@@ -357,6 +576,7 @@ class _Reader:
         return _VARIABLE.sub(variable, raw)
 
     def adapter(self, target: str) -> Adapter:
+        """The callable ``target`` names, imported now."""
         module_name, sep, attribute = target.partition(":")
         if not sep or not module_name or not attribute:
             self.fail("must be 'package.module:function'", "adapter")
@@ -373,5 +593,46 @@ class _Reader:
                 self.fail(f"{module_name!r} has no {attribute!r}", "adapter")
         if not callable(found):
             self.fail(f"{target!r} is not callable", "adapter")
+        if not _takes_two(found) and not _takes_one(found):
+            self.fail(f"{target!r} must take (payload) or (payload, asked)", "adapter")
         adapter: Adapter = found
         return adapter
+
+
+_T = TypeVar("_T")
+_SKU = Placeholder("sku")
+_SCENARIO = Placeholder("scenario")
+_NAMES = {name: name for name in PLACEHOLDERS}
+"""Placeholders filled in with their own names: a template's path, for the URL checks."""
+_BRACED = {name: "{" + name + "}" for name in PLACEHOLDERS}
+"""Placeholders left as they are written: a template as a log line shows it."""
+
+
+def _fixed(headers: tuple[tuple[str, Text], ...]) -> tuple[tuple[str, str], ...]:
+    """Headers with no placeholder, as the text every attempt sends."""
+    return tuple((name, text.render({})[0]) for name, text in headers)
+
+
+def _positional(adapter: object) -> tuple[int, bool] | None:
+    """How many positional arguments ``adapter`` takes, and whether it takes more (*args)."""
+    try:
+        signature = inspect.signature(adapter)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None  # a builtin without a signature: called with one argument
+    count = 0
+    for parameter in signature.parameters.values():
+        if parameter.kind is parameter.VAR_POSITIONAL:
+            return count, True
+        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+            count += 1
+    return count, False
+
+
+def _takes_two(adapter: object) -> bool:
+    found = _positional(adapter)
+    return found is not None and (found[0] >= 2 or found[1])
+
+
+def _takes_one(adapter: object) -> bool:
+    found = _positional(adapter)
+    return found is None or found[0] >= 1 or found[1]

@@ -18,6 +18,9 @@ TIMEOUT = "timeout"
 """The request's deadline came before the supplier gave a final answer."""
 CIRCUIT_OPEN = "circuit_open"
 """The supplier kept failing: its circuit is open and it was not asked (``breaker.py``)."""
+AUTH_FAILED = "auth_failed"
+"""No OAuth2 token for the supplier in time: its token endpoint is down, slow or refuses
+QuoteFlow's credentials (``tokens.py``). Not the supplier's failure, never retried."""
 
 
 def http_failure_code(status: int) -> str:
@@ -73,6 +76,16 @@ class QuoteRequest:
     sku: str = attrs.field(default="KB-001", validator=_sku)
     quantity: int = attrs.field(default=2, validator=_quantity)
     scenario: str = attrs.field(default="normal", validator=v.in_(SCENARIOS))
+
+
+@attrs.frozen
+class Asked:
+    """What one supplier is asked, as an adapter that takes a second argument sees it."""
+
+    supplier: str
+    sku: str
+    quantity: int
+    scenario: str
 
 
 @attrs.frozen(kw_only=True)
@@ -156,6 +169,8 @@ STOPPED_NO_SLOT_IN_TIME = "no_slot_in_time"
 """An attempt waited for an outbound slot until the deadline no longer left it the
 time the supplier needs: it gave its place up and the supplier was answered at once
 (``timeout`` for a first attempt, the last attempt's code for a retry)."""
+STOPPED_NO_TOKEN = "no_token"
+"""The supplier's OAuth2 token did not come (``auth_failed``): no attempt was sent."""
 STOPPED_RETRY_AFTER = "retry_after"
 """The supplier's Retry-After asked for a wait the budget could not afford."""
 STOPPED_RETRY_BUDGET = "retry_budget"
@@ -208,6 +223,8 @@ class SupplierTrace:
     """The call is its supplier's half-open probe: it always waits for its slot."""
     gave_up_after: float | None = None
     """Seconds an attempt waited for a slot before giving its place up (``no_slot_in_time``)."""
+    token_wait: float | None = None
+    """Seconds the call waited for its supplier's OAuth2 token (``tokens.py``), if it did."""
     joined: str | None = None
     """The request id of the shared call this request joined (``--coalesce``)."""
     handed_over: str | None = None

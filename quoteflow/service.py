@@ -35,9 +35,11 @@ import attrs
 from quoteflow.breaker import Breakers, Permit, Verdict, verdict
 from quoteflow.errors import CapacityExhausted
 from quoteflow.models import (
+    AUTH_FAILED,
     CIRCUIT_OPEN,
     STOPPED_CIRCUIT_OPEN,
     STOPPED_DEADLINE,
+    STOPPED_NO_TOKEN,
     TIMEOUT,
     Failure,
     QuoteReport,
@@ -202,6 +204,13 @@ class QuoteService:
             # bug in one would have left the TaskGroup as an exception, not here.
             for trace, permit, task in asked:
                 if task.cancelled():
+                    if trace.stopped == STOPPED_NO_TOKEN:
+                        # It waited for its OAuth2 token and sent nothing: the
+                        # token endpoint's failure, not a supplier's timeout.
+                        no_token = Failure(trace.supplier, AUTH_FAILED)
+                        outcomes[trace.supplier] = no_token
+                        _judge(breakers, trace, permit, no_token)
+                        continue
                     trace.stopped = STOPPED_DEADLINE
                     _judge(breakers, trace, permit, None)
                 else:

@@ -192,6 +192,8 @@ class _Attempt:
     attempt: int
     span_id: int
     url: URL
+    """As it may be shown: each secret of the catalogue's in it is ``***`` (``templates.py``)."""
+    method: str
 
 
 @attrs.define
@@ -492,7 +494,7 @@ class Tracing:
         assert self.provider is not None, "wrap the gateway after tracing's cleanup_ctx began"
         return _RecordingGateway(inner)
 
-    def sending(self, attempt: int, url: URL, headers: dict[str, str]) -> None:
+    def sending(self, attempt: int, url: URL, headers: dict[str, str], method: str) -> None:
         """An attempt is about to go out: name its own span in ``traceparent``."""
         served = _REQUEST.get(None)
         if served is None:
@@ -508,7 +510,7 @@ class Tracing:
         if served.sampled is not None:
             call = _CALL.get(None)
             if call:
-                call[0].sent.append(_Attempt(attempt, span_id, url))
+                call[0].sent.append(_Attempt(attempt, span_id, url, method))
         if served.tracestate is not None:
             headers["tracestate"] = served.tracestate
 
@@ -661,7 +663,7 @@ class Tracing:
     ) -> None:
         url = sent.url
         attributes: dict[str, Any] = {
-            HTTP_REQUEST_METHOD: "GET",
+            HTTP_REQUEST_METHOD: sent.method,
             # A password in the supplier's URL never leaves in a span.
             URL_FULL: str(url) if url.password is None else str(url.with_password("***")),
             SERVER_ADDRESS: url.host or "",
@@ -674,7 +676,11 @@ class Tracing:
         if record is None:  # sent but not billed: only a bug of ours leaves this
             at = clock(call_ended)  # when is unknown; within the call's span
             span = self._tracer.start_span(
-                "GET", context=parent, kind=SpanKind.CLIENT, attributes=attributes, start_time=at
+                sent.method,
+                context=parent,
+                kind=SpanKind.CLIENT,
+                attributes=attributes,
+                start_time=at,
             )
             span.end(end_time=at)
             return
@@ -688,7 +694,7 @@ class Tracing:
             refused = record.status is not None and record.status != 200
             attributes[ERROR_TYPE] = str(record.status) if refused else record.outcome
         span = self._tracer.start_span(
-            "GET",
+            sent.method,
             context=parent,
             kind=SpanKind.CLIENT,
             attributes=attributes,

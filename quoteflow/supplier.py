@@ -7,8 +7,12 @@ attempt ends in one of three ways, and the retry loop reads only that:
     failure, retryable        503, or one of TRANSIENT_ERRORS: try once more,
                               if ``_plan_retry`` finds it worth sending (the
                               supplier's Retry-After, the time left, the
-                              supplier's retry budget: see ``retry.py``)
+                              supplier's retry budget: see ``retry.py``);
+                              a 401 of a supplier with an OAuth2 client: once
+                              more with a fresh token, on the same terms
     failure, final            any other status, invalid data: stop
+    no token                  the supplier's OAuth2 token did not come
+                              (``tokens.py``): ``auth_failed``, nothing sent
 
 Any other exception is a bug in QuoteFlow and propagates untouched.
 
@@ -38,17 +42,20 @@ from quoteflow.config import Settings
 from quoteflow.errors import InvalidSupplierData
 from quoteflow.logs import log_event
 from quoteflow.models import (
+    AUTH_FAILED,
     INVALID_DATA,
     OK,
     STOPPED_ATTEMPTS_EXHAUSTED,
     STOPPED_NO_SLOT_IN_TIME,
     STOPPED_NO_TIME,
+    STOPPED_NO_TOKEN,
     STOPPED_NOT_RETRYABLE,
     STOPPED_RETRY_AFTER,
     STOPPED_RETRY_BUDGET,
     STOPPED_SUCCESS,
     TIMEOUT,
     TRANSPORT_ERROR,
+    Asked,
     AttemptRecord,
     Failure,
     MovingDeadline,
@@ -59,6 +66,8 @@ from quoteflow.models import (
 )
 from quoteflow.retry import AttemptTimeEstimate, RetryBudget, RetryLimiter, retry_after_delay
 from quoteflow.slots import OutboundLimiter, OutboundSlots
+from quoteflow.templates import Shaped
+from quoteflow.tokens import TokenKeeper, TokenUnavailable
 
 log = logging.getLogger("quoteflow")
 
@@ -98,8 +107,11 @@ TRUNCATION_CAUSES: Final = (ContentLengthError, TransferEncodingError)
 class AttemptListener(Protocol):
     """Told of each attempt as it is about to be sent (tracing: ``spans.Tracing``)."""
 
-    def sending(self, attempt: int, url: URL, headers: dict[str, str]) -> None:
-        """Attempt number ``attempt`` goes to ``url``; ``headers`` may gain headers of its own."""
+    def sending(self, attempt: int, url: URL, headers: dict[str, str], method: str) -> None:
+        """Attempt number ``attempt`` goes to ``url``; ``headers`` may gain headers of its own.
+
+        ``url`` is the one that may be shown: each secret of the catalogue's in it is ``***``.
+        """
         ...
 
 
@@ -111,10 +123,14 @@ class _AttemptResult:
     status: int | None = None
     retry_after: float | None = None
     """Seconds the supplier asked us to wait (``Retry-After`` on a 503)."""
+    fresh_token: bool = False
+    """A 401 of a supplier with an OAuth2 client: its token was dropped, a new one may work."""
 
 
 _NO_SLOT_IN_TIME: Final = _AttemptResult(None, TIMEOUT)
 """An attempt that gave its place in the slot queue up: it was never sent."""
+_NO_TOKEN: Final = _AttemptResult(None, AUTH_FAILED)
+"""An attempt that got no OAuth2 token: it was never sent."""
 
 
 @attrs.frozen
@@ -133,6 +149,10 @@ class _Call:
     request_id: str
     deadline: float | MovingDeadline
     attempt_time: AttemptTimeEstimate
+    shaped: Shaped | None = None
+    """The request as the supplier's templates render it (``None``: the classic request)."""
+    asked: Asked | None = None
+    """What was asked, for an adapter that takes it."""
 
     def left(self, now: float) -> float:
         """How long an attempt may still wait for a slot (``slots.Patience``).
@@ -187,7 +207,13 @@ class _SupplierState:
         self.retry_budget = retry_budget
         self.headers = dict(supplier.headers)
         """The catalogue's headers, sent on every attempt (empty for the lab's suppliers)."""
+        self.shape = supplier.shape
+        self._shaped: dict[tuple[str, int, str], tuple[URL, URL]] = {}
+        self.tokens: TokenKeeper | None = None
+        """The OAuth2 token of a supplier with an ``oauth2`` client (set by ``SupplierClient``)."""
         self.adapter: Adapter | None = supplier.adapter
+        self.asks_adapter = supplier.adapter_takes_asked
+        self.shape_method = "GET" if supplier.shape is None else supplier.shape.method
         self.fair_time = supplier.read_timeout if supplier.read_timeout < settings.budget else None
         """Time an attempt cut by the deadline must have had to count against the supplier:
         its read timeout, or (None) ``FAIR_MARGIN`` times the longest it was seen to need."""
@@ -220,6 +246,36 @@ class _SupplierState:
                 self._urls.clear()  # bounded: a caller cycling through SKUs costs nothing lasting
             url = self._urls[key] = self.url.with_query(sku=request.sku, scenario=request.scenario)
         return url
+
+    def shaped(self, request: QuoteRequest, request_id: str) -> Shaped:
+        """``request`` as the supplier's templates say, rendered once for all its attempts.
+
+        Its URL is kept per SKU, quantity and scenario as ``url_for``'s is,
+        unless the URL names ``{request_id}``.
+        """
+        shape = self.shape
+        assert shape is not None
+        values = {
+            "sku": request.sku,
+            "quantity": str(request.quantity),
+            "scenario": request.scenario,
+            "request_id": request_id,
+        }
+        if shape.url_per_request:
+            url, shown = shape.url(values)
+        else:
+            key = (request.sku, request.quantity, request.scenario)
+            urls = self._shaped.get(key)
+            if urls is None:
+                if len(self._shaped) >= _URLS_KEPT:
+                    self._shaped.clear()
+                urls = self._shaped[key] = shape.url(values)
+            url, shown = urls
+        headers = shape.render_headers(values)
+        body = None
+        if shape.has_body:
+            body = shape.render_body({**values, "quantity": request.quantity})
+        return Shaped(url, shown, headers, body)
 
 
 def session_timeout(connect: float, read: float, budget: float) -> aiohttp.ClientTimeout:
@@ -257,6 +313,7 @@ class SupplierClient:
         keep_cache_control: bool = False,
     ) -> None:
         self._session = session
+        self.token_fetches = {}
         self._listener = attempts
         self._settings = settings
         self._keep_cache_control = keep_cache_control
@@ -270,6 +327,9 @@ class SupplierClient:
         self._backoff = (settings.backoff_min, settings.backoff_max)
         self._retry_after_cap = settings.retry_after_cap
         self._max_body = settings.max_supplier_body_bytes
+
+    token_fetches: dict[tuple[str, str], int]
+    """Token requests by supplier and outcome (``tokens.OK``...), for ``/metrics``."""
 
     def use(
         self, catalogue: Catalogue, retry_budgets: Mapping[str, RetryLimiter] | None = None
@@ -294,11 +354,39 @@ class SupplierClient:
             else:
                 budget = RetryBudget(supplier.retry_budget_capacity, settings.retry_budget_earn)
             attempt_time = None if old is None else old.attempt_time
-            states[supplier.name] = _SupplierState(supplier, settings, budget, attempt_time)
+            state = states[supplier.name] = _SupplierState(supplier, settings, budget, attempt_time)
+            state.tokens = self._keeper(supplier, old)
         self._suppliers = states  # swapped whole: no request sees half of it
+
+    def _keeper(self, supplier: Supplier, old: _SupplierState | None) -> TokenKeeper | None:
+        """The supplier's token keeper: the old one if its OAuth2 client is unchanged."""
+        kept = None if old is None else old.tokens
+        if kept is not None and supplier.oauth2 == kept.client:
+            return kept
+        if kept is not None:
+            kept.retire()  # new credentials: the old token is never sent again
+        if supplier.oauth2 is None:
+            return None
+        keeper = TokenKeeper(self._session, supplier.oauth2, supplier.name, self._token_fetched)
+        keeper.start()
+        return keeper
+
+    def _token_fetched(self, supplier: str, outcome: str) -> None:
+        key = (supplier, outcome)
+        self.token_fetches[key] = self.token_fetches.get(key, 0) + 1
+
+    async def close(self) -> None:
+        """At shutdown, before the session closes: no token fetch outlives it."""
+        for state in self._suppliers.values():
+            if state.tokens is not None:
+                await state.tokens.close()
 
     def forget(self, suppliers: tuple[str, ...]) -> None:
         """Drop suppliers an old catalogue named, once no request can still ask them."""
+        for name in suppliers:
+            state = self._suppliers.get(name)
+            if state is not None and state.tokens is not None:
+                state.tokens.retire()
         self._suppliers = {
             name: state for name, state in self._suppliers.items() if name not in suppliers
         }
@@ -325,7 +413,12 @@ class SupplierClient:
         attempt's ``X-Deadline-Remaining-Ms`` and each retry decision.
         """
         state = self._suppliers[trace.supplier]
-        call = _Call(state.url_for(request), request, request_id, deadline, state.attempt_time)
+        asked = None
+        if state.asks_adapter:
+            asked = Asked(trace.supplier, request.sku, request.quantity, request.scenario)
+        shaped = None if state.shape is None else state.shaped(request, request_id)
+        url = state.url_for(request) if shaped is None else shaped.url
+        call = _Call(url, request, request_id, deadline, state.attempt_time, shaped, asked)
         state.retry_budget.first_attempt()
         result: _AttemptResult | None = None
         for attempt in range(1, self._attempts + 1):
@@ -336,6 +429,10 @@ class SupplierClient:
                 trace.stopped = STOPPED_NO_SLOT_IN_TIME
                 if result is None:
                     result = tried
+                break
+            if tried is _NO_TOKEN:
+                trace.stopped = STOPPED_NO_TOKEN  # auth_failed: not the supplier's doing
+                result = tried
                 break
             result = tried
             if attempt > 1 and result.quote is not None:
@@ -364,7 +461,9 @@ class SupplierClient:
         self, state: _SupplierState, failed: _AttemptResult, deadline: float | MovingDeadline
     ) -> tuple[float, str | None]:
         """The backoff before a second attempt, or why there will be none."""
-        backoff = random.uniform(*self._backoff)
+        # A refused token is put right by a fresh one, not by waiting: its
+        # fetch (``tokens.py``, one for every request that needs it) is the wait.
+        backoff = 0.0 if failed.fresh_token else random.uniform(*self._backoff)
         if failed.retry_after is not None:
             if failed.retry_after > self._retry_after_cap:
                 return backoff, STOPPED_RETRY_AFTER
@@ -389,6 +488,14 @@ class SupplierClient:
         # wait the deadline (or the caller leaving) cancels never reached the
         # supplier: it is not an attempt, and goes on no bill.
         patience = call if state.attempt_time.seen and not trace.probe else None
+        authorization = None
+        if state.tokens is not None:
+            # Before the slot: a wait for the token holds none of the outbound capacity.
+            authorization = state.tokens.current()
+            if authorization is None:
+                authorization = await self._token(state.tokens, trace)
+                if authorization is None:
+                    return _NO_TOKEN
         # One wait for both the shared slot and room in the supplier's share.
         if not await self._slots.acquire(trace.supplier, patience):
             trace.gave_up_after = time.monotonic() - waiting_since
@@ -401,11 +508,19 @@ class SupplierClient:
                 # Measured once the slot is ours: the wait is not the supplier's time.
                 "X-Deadline-Remaining-Ms": str(max(0, int((call.deadline - started) * 1000))),
             }
-            if state.headers:
-                headers.update(state.headers)  # the catalogue's (never QuoteFlow's own)
-            if self._listener is not None:
-                self._listener.sending(attempt, call.url, headers)  # e.g. traceparent
-            fetched = await self._fetch(state, call, headers)
+            shaped = call.shaped
+            if shaped is not None:
+                headers.update(shaped.headers)  # the catalogue's (never QuoteFlow's own)
+            elif state.headers:
+                headers.update(state.headers)
+            if authorization is not None:
+                headers[hdrs.AUTHORIZATION] = authorization
+            if self._listener is not None:  # e.g. traceparent
+                if shaped is None:
+                    self._listener.sending(attempt, call.url, headers, "GET")
+                else:
+                    self._listener.sending(attempt, shaped.shown_url, headers, state.shape_method)
+            fetched = await self._fetch(state, call, headers, authorization)
         except asyncio.CancelledError:
             # Before the slot is handed on: the next waiter is judged by what this taught.
             self._cut(state, trace, attempt, waiting_since, started)
@@ -418,11 +533,9 @@ class SupplierClient:
         elif fetched.status is not None:  # an error, or a 200 whose body could not be read
             state.attempt_time.observe(ended - started, full=False)
         if isinstance(fetched, bytes):
-            fetched = self._decode(state, fetched, trace.supplier, call.request.sku)
+            fetched = self._decode(state, fetched, trace.supplier, call)
         elif isinstance(fetched, _Answer):
-            fetched = self._decode(
-                state, fetched.body, trace.supplier, call.request.sku, fetched.cache_control
-            )
+            fetched = self._decode(state, fetched.body, trace.supplier, call, fetched.cache_control)
         outcome = OK if fetched.quote is not None else fetched.code
         trace.attempts.append(
             _record(attempt, waiting_since, started, ended, outcome, fetched.status)
@@ -454,15 +567,48 @@ class SupplierClient:
             estimate.cut_after(ran)  # it needs at least this long (``retry.py``)
             self._slots.reconsider()  # before this slot is handed on to a waiter
 
+    async def _token(self, tokens: TokenKeeper, trace: SupplierTrace) -> str | None:
+        """Wait for the one token fetch under way; ``None`` if it brings no token."""
+        since = time.monotonic()
+        try:
+            return await tokens.wait()
+        except TokenUnavailable:
+            return None
+        except asyncio.CancelledError:
+            # The deadline came first: ``auth_failed``, not ``timeout`` (``service.py``).
+            trace.stopped = STOPPED_NO_TOKEN
+            raise
+        finally:
+            trace.token_wait = (trace.token_wait or 0.0) + time.monotonic() - since
+
     async def _fetch(
-        self, state: _SupplierState, call: _Call, headers: Mapping[str, str]
+        self,
+        state: _SupplierState,
+        call: _Call,
+        headers: Mapping[str, str],
+        authorization: str | None,
     ) -> bytes | _Answer | _AttemptResult:
         """The body of a 200 answer, or the classified failure; the response is always released."""
+        shaped = call.shaped
         try:
-            async with self._session.get(
-                call.url, headers=headers, **state.get_options
+            async with (
+                self._session.get(call.url, headers=headers, **state.get_options)
+                if shaped is None
+                else self._session.request(
+                    state.shape_method,
+                    call.url,
+                    headers=headers,
+                    data=shaped.body,
+                    **state.get_options,
+                )
             ) as response:
                 if response.status != 200:
+                    if response.status == 401 and authorization is not None:
+                        assert state.tokens is not None
+                        state.tokens.drop(authorization)
+                        return _AttemptResult(
+                            None, http_failure_code(401), True, 401, fresh_token=True
+                        )
                     retryable = response.status == 503
                     return _AttemptResult(
                         None,
@@ -501,14 +647,15 @@ class SupplierClient:
         state: _SupplierState,
         body: bytes,
         supplier: str,
-        sku: str,
+        call: _Call,
         cache_control: str | None = None,
     ) -> _AttemptResult:
+        sku = call.request.sku
         try:
             if state.adapter is None:
                 quote = decode_supplier_quote(body, supplier=supplier, sku=sku)
             else:
-                quote = _adapted(state.adapter, body, supplier, sku)
+                quote = _adapted(state.adapter, body, supplier, sku, call.asked)
         except InvalidSupplierData:
             return _AttemptResult(None, INVALID_DATA, status=200)
         if cache_control is not None:
@@ -531,7 +678,9 @@ class SupplierClient:
         return bytes(body)
 
 
-def _adapted(adapter: Adapter, body: bytes, supplier: str, sku: str) -> SupplierQuote:
+def _adapted(
+    adapter: Adapter, body: bytes, supplier: str, sku: str, asked: Asked | None
+) -> SupplierQuote:
     """A foreign body through the catalogue's adapter, then the same strict checks as any.
 
     Whatever goes wrong in the adapter is the supplier's data being unusable:
@@ -540,7 +689,8 @@ def _adapted(adapter: Adapter, body: bytes, supplier: str, sku: str) -> Supplier
     """
     payload = decode_supplier_json(body)
     try:
-        mapped: object = adapter(payload)  # foreign code: its type hint is a hope
+        # Foreign code: its type hint is a hope.
+        mapped: object = adapter(payload) if asked is None else adapter(payload, asked)
     except Exception as exc:  # any failure of foreign code is bad data
         log_event(
             log,

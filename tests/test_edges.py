@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from quoteflow.app import SUPPLIER_CLIENT
+from quoteflow.catalogue import MAX_SUPPLIERS
 from quoteflow.handlers import SERVICE
 from quoteflow.logs import quiet_caller_mistakes
 from quoteflow.options import ConfigError, parse_settings
@@ -192,7 +193,8 @@ async def test_proxy_settings_in_the_environment_are_ignored(
     assert result["failures"] == []
     connector = client.app[SUPPLIER_CLIENT]._session.connector
     assert connector is not None
-    assert connector.limit == 5
+    # The outbound limit, and room for each supplier's OAuth2 token fetch (none here).
+    assert connector.limit == 5 + MAX_SUPPLIERS
 
 
 async def test_retry_after_zero_without_time_is_no_time(
