@@ -24,6 +24,8 @@ DOCS = ROOT / "docs"
 OPERATIONS = DOCS / "operations.md"
 API = DOCS / "api.md"
 BENCHMARK = DOCS / "benchmark.md"
+README = ROOT / "README.md"
+CHANGELOG = ROOT / "CHANGELOG.md"
 
 _OPTION_LINE = re.compile(r"^\s+(-{1,2}\w.*?)(?:\s{2,}|$)")
 """An option line of argparse's help: the invocation, then two spaces and its help."""
@@ -171,14 +173,18 @@ def _anchors(page: Path) -> set[str]:
     return anchors
 
 
-PAGES = sorted([ROOT / "README.md", ROOT / "CHANGELOG.md", *DOCS.glob("*.md")])
+PAGES = sorted([README, CHANGELOG, *DOCS.glob("*.md")])
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(ROOT).as_posix() for p in PAGES])
-def test_relative_links_resolve(page: Path) -> None:
-    """Every relative link leads to a file that exists, and to a heading it has."""
+def _broken_links(page: Path, text: str) -> list[str]:
+    """The relative links of ``text``, written in ``page``, that lead nowhere.
+
+    A link leads somewhere when its file exists and, for a Markdown page with
+    an ``#anchor`` (``CHANGELOG.md#unreleased`` as much as a docs page's), when
+    that page has the heading. Links inside code fences are not links.
+    """
     broken: list[str] = []
-    for target in _LINK.findall(_FENCE.sub("", page.read_text(encoding="utf-8"))):
+    for target in _LINK.findall(_FENCE.sub("", text)):
         if re.match(r"[a-z][a-z0-9+.-]*:", target):
             continue  # https:, mailto: ...
         path, _, anchor = target.partition("#")
@@ -187,12 +193,80 @@ def test_relative_links_resolve(page: Path) -> None:
             anchor and linked.suffix == ".md" and anchor not in _anchors(linked)
         ):
             broken.append(target)
+    return broken
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(ROOT).as_posix() for p in PAGES])
+def test_relative_links_resolve(page: Path) -> None:
+    """Every relative link leads to a file that exists, and to a heading it has."""
+    assert _broken_links(page, page.read_text(encoding="utf-8")) == []
+
+
+def test_links_into_the_changelog_are_checked() -> None:
+    """A link to a heading of CHANGELOG.md is checked like one into docs/."""
+    page = DOCS / "any.md"
+    assert "unreleased" in _anchors(CHANGELOG)
+    good = "[what changed](../CHANGELOG.md#unreleased), [top](../CHANGELOG.md)"
+    assert _broken_links(page, good) == []
+    bad = "[gone](../CHANGELOG.md#no-such-version), [moved](../CHANGES.md)"
+    assert _broken_links(page, bad) == ["../CHANGELOG.md#no-such-version", "../CHANGES.md"]
+
+
+_PAGE_ANCHOR = re.compile(r"(?<![\w/.-])((?:docs/)?[\w.-]+\.md)#([\w-]+)")
+"""A page and heading named in code or build files, e.g. ``docs/benchmark.md#making-it-fast``."""
+_SOURCES = ("quoteflow", "provider_lab", "bench", "tests")
+
+
+def test_anchors_named_outside_the_docs_resolve() -> None:
+    """``page.md#heading`` in the code, the tests, the bench or the Makefile names a real heading.
+
+    This file is left out: its examples of broken links are broken on purpose.
+    """
+    files = [ROOT / "Makefile", ROOT / "setup.cfg", ROOT / "pyproject.toml"]
+    for folder in _SOURCES:
+        files += [f for f in (ROOT / folder).rglob("*") if f.suffix in {".py", ".lua", ".toml"}]
+    broken: list[str] = []
+    for source in files:
+        if not source.is_file() or source == Path(__file__).resolve():
+            continue
+        for name, anchor in _PAGE_ANCHOR.findall(source.read_text(encoding="utf-8")):
+            page = ROOT / name if "/" in name else DOCS / name
+            if not page.exists():
+                page = ROOT / name
+            if not page.exists() or anchor not in _anchors(page):
+                broken.append(f"{source.relative_to(ROOT)}: {name}#{anchor}")
     assert broken == []
+
+
+def _lines(page: Path) -> int:
+    return len(page.read_text(encoding="utf-8").splitlines())
+
+
+def test_the_front_pages_stay_short() -> None:
+    """The README stays a front door and the benchmark page a reference (issue 31)."""
+    assert _lines(README) <= 170
+    assert _lines(BENCHMARK) <= 450
+
+
+def test_readme_fleet_mode_is_short() -> None:
+    """Fleet mode has its own heading in the README, at most 15 lines under it."""
+    readme = README.read_text(encoding="utf-8")
+    section = re.search(r"^## Fleet mode\n(.*?)(?=^## |\Z)", readme, re.MULTILINE | re.DOTALL)
+    assert section is not None, "README.md has no '## Fleet mode' section"
+    assert len([line for line in section.group(1).splitlines() if line.strip()]) <= 15
+
+
+def test_benchmark_md_keeps_one_dated_heading() -> None:
+    """Figures are replaced, not appended: at most one heading of benchmark.md carries a date."""
+    text = _FENCE.sub("", BENCHMARK.read_text(encoding="utf-8"))
+    headings = re.findall(r"^#{1,6} (.+)$", text, re.MULTILINE)
+    dated = [h for h in headings if re.search(r"\b\d{4}-\d{2}-\d{2}\b", h)]
+    assert len(dated) <= 1, dated
 
 
 def test_readme_links_every_docs_page() -> None:
     """The README is the front door: each page under docs/ is linked from it."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = README.read_text(encoding="utf-8")
     linked = {target.partition("#")[0] for target in _LINK.findall(readme)}
     pages = {f"docs/{page.name}" for page in DOCS.glob("*.md")}
     assert {"docs/api.md", "docs/operations.md"} <= pages
