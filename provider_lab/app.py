@@ -8,11 +8,12 @@ import json
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from provider_lab import control, handlers
+from provider_lab import control, dialects, handlers, oauth2
 from provider_lab.state import STATE, LabConfig, LabState
 
 # Paths anyone who can reach the lab may use; everything else is the control API.
-PUBLIC_PREFIXES = ("/quotes/", "/health")
+PUBLIC_PREFIXES = ("/quotes/", "/health", "/json/", "/path/")
+TOKEN_PATH = "/oauth2/token"  # exactly: /oauth2 and /oauth2/tokens are control paths
 
 
 def is_loopback(remote: str | None) -> bool:
@@ -31,7 +32,11 @@ def is_loopback(remote: str | None) -> bool:
 @web.middleware
 async def loopback_only(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Refuse the control API to anyone but a loopback client (the peer address, no headers)."""
-    if not request.path.startswith(PUBLIC_PREFIXES) and not is_loopback(request.remote):
+    if (
+        not request.path.startswith(PUBLIC_PREFIXES)
+        and request.path != TOKEN_PATH
+        and not is_loopback(request.remote)
+    ):
         raise web.HTTPForbidden(
             text=json.dumps({"error": "loopback_only", "remote": request.remote}),
             content_type="application/json",
@@ -45,10 +50,14 @@ async def health(request: web.Request) -> web.Response:
 
 
 def create_app(config: LabConfig | None = None) -> web.Application:
-    """Build the lab: the suppliers, the control API and their shared state."""
+    """Build the lab: the suppliers in their three dialects, the token endpoint, the control
+    API and their shared state."""
     app = web.Application(middlewares=[loopback_only])
     app[STATE] = LabState(config or LabConfig())
     app.router.add_get("/health", health)
     app.router.add_get("/quotes/{supplier}", handlers.quote)
+    app.router.add_post("/json/{supplier}/quote", dialects.json_quote)
+    app.router.add_get("/path/{supplier}/parts/{sku}/price", dialects.path_quote)
+    app.router.add_post(TOKEN_PATH, oauth2.token)
     control.add_routes(app.router)
     return app

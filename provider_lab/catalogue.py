@@ -9,6 +9,9 @@ or the names of a QuoteFlow catalogue file, ``--suppliers``). A supplier
 outside the table below offers every SKU of the table at a price and stock
 derived from its name and the SKU (``derived_offer``), so a test can predict
 them; ``CB-404`` stays out of stock for everyone.
+
+The foreign dialects (:mod:`provider_lab.dialects`) price by quantity from the
+same offers: ``price_breaks`` derives 10+ and 100+ prices from the unit price.
 """
 
 from __future__ import annotations
@@ -92,6 +95,28 @@ def derived_offer(supplier: str, sku: str) -> Offer:
     h = zlib.crc32(f"{supplier}:{sku}".encode())
     stock = 0 if sku == "CB-404" else 1 + (h >> 20) % 99
     return Offer(unit_cents=500 + h % 2000, shipping_cents=(h >> 11) % 500, stock=stock)
+
+
+BREAKS: Final = ((1, 100), (10, 90), (100, 80))
+"""Price breaks of the foreign dialects: from this many units, this percentage of the unit price."""
+
+
+def price_breaks(offer: Offer) -> tuple[tuple[int, int], ...]:
+    """``(min_quantity, unit_cents)`` from 1, 10 and 100 units, ascending.
+
+    The 1+ price is ``offer.unit_cents`` (what ``/quotes/{supplier}`` answers);
+    10+ is 90 % of it and 100+ 80 %, rounded to whole cents, half up.
+    """
+    return tuple((least, (offer.unit_cents * percent + 50) // 100) for least, percent in BREAKS)
+
+
+def break_price(offer: Offer, quantity: int) -> int:
+    """The unit price in cents for ``quantity`` units: the break with the largest minimum ≤ it."""
+    price = offer.unit_cents
+    for least, unit_cents in price_breaks(offer):
+        if least <= quantity:
+            price = unit_cents
+    return price
 
 
 class NamesError(ValueError):

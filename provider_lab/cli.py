@@ -17,6 +17,7 @@ from provider_lab.app import create_app
 from provider_lab.catalogue import SUPPLIERS, NamesError, check_names, names_from_file
 from provider_lab.faults import FaultError, parse_fault_spec
 from provider_lab.state import LabConfig
+from provider_lab.tokens import MAX_TTL, credential_ok
 
 logger = logging.getLogger("provider_lab")
 
@@ -41,6 +42,13 @@ def _int_in(low: int, high: int) -> Callable[[str], int]:
     return convert
 
 
+def _credential(text: str) -> str:
+    if not credential_ok(text):
+        # Never the value itself: it may be a secret.
+        raise argparse.ArgumentTypeError("must be 1–256 printable characters")
+    return text
+
+
 def _names(text: str) -> tuple[str, ...]:
     try:
         return check_names([name.strip() for name in text.split(",")], "--names")
@@ -53,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m provider_lab",
         description="Fake suppliers (atlas, boreal, cedar, or any you name) with switchable "
-        "faults.",
+        "faults, asked the classic way or in the json (OAuth2 bearer) and path (API key) "
+        "dialects.",
     )
     named = parser.add_mutually_exclusive_group()
     named.add_argument(
@@ -97,6 +106,31 @@ def build_parser() -> argparse.ArgumentParser:
         "(repeatable; GET /kinds lists kinds)",
     )
     parser.add_argument("--seed", type=int, default=None, help="seed for the blip fault's dice")
+    parser.add_argument(
+        "--client-id",
+        type=_credential,
+        default="quoteflow",
+        help="the OAuth2 client POST /oauth2/token knows (quoteflow)",
+    )
+    parser.add_argument(
+        "--client-secret",
+        type=_credential,
+        default="lab-secret",
+        help="that client's secret (lab-secret)",
+    )
+    parser.add_argument(
+        "--token-ttl",
+        type=_int_in(1, MAX_TTL),
+        default=3600,
+        metavar="SECONDS",
+        help="expires_in of the tokens issued, at least 1 (3600)",
+    )
+    parser.add_argument(
+        "--api-key",
+        type=_credential,
+        default="lab-key",
+        help="the key the path dialect wants in ?key= (lab-key)",
+    )
     parser.add_argument("--access-log", action="store_true", help="log every request")
     parser.add_argument(
         "--log-level",
@@ -161,6 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         slow_ms=args.slow_ms,
         faults=faults,
         seed=args.seed,
+        client_id=args.client_id,
+        client_secret=args.client_secret,
+        token_ttl=args.token_ttl,
+        api_key=args.api_key,
     )
     try:
         asyncio.run(serve(config, args.host, args.port, access_log=args.access_log))

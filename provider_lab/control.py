@@ -1,4 +1,4 @@
-"""The control API: switch faults and latency, read and reset statistics.
+"""The control API: faults, latency, credentials of the foreign dialects, statistics.
 
 Served to loopback clients only (see :func:`provider_lab.app.loopback_only`).
 
@@ -16,12 +16,24 @@ Served to loopback clients only (see :func:`provider_lab.app.loopback_only`).
 ``DELETE /cache-control/{s}``, ``DELETE /cache-control``: send none (one, or all)
 ``GET /stats``             in-flight count, per-supplier counts, attempts per id
                            (``?request_id=ID``: only those ids; ``?summary=1``: none)
-``POST /reset``            zero the statistics (409 while requests are in flight)
+``POST /reset``            zero the statistics, the token endpoint's counts too
+                           (409 while requests are in flight)
+``GET /oauth2``            the token endpoint: client id, ``expires_in``, fault,
+                           fetch counts, last parameters, live tokens (no secret)
+``PUT /oauth2``            change any of ``client_id``, ``client_secret``,
+                           ``expires_in``, ``fault`` (null, ``{"kind": "down"}``,
+                           ``{"kind": "slow", "ms": N}``, ``{"kind": "http_500"}``)
+``DELETE /oauth2/tokens``  revoke every token issued (the next bearer call is 401)
+``GET /api-key``           whether the ``path`` dialect has a key (never the key)
+``PUT /api-key``           set it: ``{"value": "..."}`` (``null``: none, all refused)
 =========================  ==================================================
+
+``POST /oauth2/token`` itself, like the suppliers, serves anyone (:mod:`provider_lab.oauth2`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -30,6 +42,8 @@ from aiohttp import web
 from provider_lab.answers import json_response
 from provider_lab.faults import SPECS, FaultError, fault_from_json
 from provider_lab.state import STATE
+from provider_lab.tokens import MAX_TTL, credential_ok
+from provider_lab.tokens import fault_from_json as token_fault_from_json
 
 logger = logging.getLogger(__name__)
 
@@ -205,13 +219,92 @@ async def stats(request: web.Request) -> web.Response:
 
 
 async def reset(request: web.Request) -> web.Response:
-    """Zero the statistics and the flaky/blip memory, unless requests are in flight."""
+    """Zero the statistics (the token endpoint's counts too) and the flaky/blip memory.
+
+    Refused (409) while supplier requests are in flight; faults, tokens and keys stay.
+    """
     state = request.app[STATE]
     if state.stats.active:
         raise _error(409, "requests_active", active=state.stats.active)
     state.reset()
     logger.info("stats_reset")
     return json_response(200, {"status": "reset"})
+
+
+OAUTH2_SETTINGS = ("client_id", "client_secret", "expires_in", "fault")
+
+
+async def get_oauth2(request: web.Request) -> web.Response:
+    """The token endpoint's settings and counts; never the secret or a token."""
+    keeper = request.app[STATE].tokens
+    return json_response(200, keeper.to_json(asyncio.get_running_loop().time()))
+
+
+async def put_oauth2(request: web.Request) -> web.Response:
+    """Change any of the client id, the secret, ``expires_in`` and the endpoint's fault.
+
+    Tokens already issued keep their expiry (``DELETE /oauth2/tokens`` revokes
+    them); a fault stays until it is changed.
+    """
+    data = await _json_body(request)
+    if not isinstance(data, dict):
+        raise _error(422, "invalid_oauth2", detail=["body: must be a JSON object"])
+    problems = [
+        f"{name}: not a setting ({', '.join(OAUTH2_SETTINGS)})"
+        for name in sorted(set(data) - set(OAUTH2_SETTINGS))
+    ]
+    for name in ("client_id", "client_secret"):
+        if name in data and not credential_ok(data[name]):
+            problems.append(f"{name}: must be 1–256 printable characters")
+    expires_in = data.get("expires_in")
+    if "expires_in" in data and (type(expires_in) is not int or not 1 <= expires_in <= MAX_TTL):
+        problems.append(f"expires_in: must be an integer 1–{MAX_TTL}")
+    fault = None
+    if "fault" in data:
+        try:
+            fault = token_fault_from_json(data["fault"])
+        except ValueError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise _error(422, "invalid_oauth2", detail=problems)
+    keeper = request.app[STATE].tokens
+    if "client_id" in data:
+        keeper.client_id = data["client_id"]
+    if "client_secret" in data:
+        keeper.client_secret = data["client_secret"]
+    if isinstance(expires_in, int):
+        keeper.expires_in = expires_in
+    if "fault" in data:
+        keeper.fault = fault
+    # The names changed, not the values: the secret never reaches a log.
+    current = keeper.fault and keeper.fault.to_json()
+    logger.info("oauth2_set settings=%s fault=%s", sorted(data), current)
+    return json_response(200, keeper.to_json(asyncio.get_running_loop().time()))
+
+
+async def revoke_tokens(request: web.Request) -> web.Response:
+    """Revoke every token the endpoint issued: the next bearer call is a 401."""
+    revoked = request.app[STATE].tokens.revoke_all()
+    logger.info("tokens_revoked count=%d", revoked)
+    return json_response(200, {"revoked": revoked})
+
+
+async def get_api_key(request: web.Request) -> web.Response:
+    """Whether the ``path`` dialect has an API key: never the key itself."""
+    return json_response(200, {"set": request.app[STATE].api_key is not None})
+
+
+async def put_api_key(request: web.Request) -> web.Response:
+    """Set the ``path`` dialect's key, ``{"value": "..."}``; ``null``: none, every key refused."""
+    data = await _json_body(request)
+    if not isinstance(data, dict) or set(data) != {"value"}:
+        raise _error(422, "invalid_api_key", detail=['body: must be {"value": "..." or null}'])
+    value = data["value"]
+    if value is not None and not credential_ok(value):
+        raise _error(422, "invalid_api_key", detail=["value: must be 1–256 printable characters"])
+    request.app[STATE].api_key = value
+    logger.info("api_key_set set=%s", value is not None)
+    return json_response(200, {"set": value is not None})
 
 
 def add_routes(router: web.UrlDispatcher) -> None:
@@ -230,3 +323,8 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_delete("/cache-control/{supplier}", clear_cache_control)
     router.add_get("/stats", stats)
     router.add_post("/reset", reset)
+    router.add_get("/oauth2", get_oauth2)
+    router.add_put("/oauth2", put_oauth2)
+    router.add_delete("/oauth2/tokens", revoke_tokens)
+    router.add_get("/api-key", get_api_key)
+    router.add_put("/api-key", put_api_key)

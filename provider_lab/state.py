@@ -12,6 +12,7 @@ from aiohttp import web
 from provider_lab.catalogue import SUPPLIERS
 from provider_lab.faults import Fault, FaultTable
 from provider_lab.stats import RecentIds, Stats
+from provider_lab.tokens import TOKEN_LIMIT, TokenKeeper
 
 SCENARIOS: Final = ("normal", "slow", "broken", "malformed", "flaky")
 
@@ -31,6 +32,14 @@ class LabConfig:
     seed: int | None = None
     id_limit: int = 10_000
     flaky_id_limit: int = 100_000
+    client_id: str = "quoteflow"
+    """The one OAuth2 client the token endpoint (``POST /oauth2/token``) knows."""
+    client_secret: str = attrs.field(default="lab-secret", repr=False)
+    token_ttl: int = 3600
+    """``expires_in`` of the tokens issued, in seconds (at least 1)."""
+    token_limit: int = TOKEN_LIMIT
+    api_key: str | None = attrs.field(default="lab-key", repr=False)
+    """The key the ``path`` dialect wants in ``?key=``; ``None``: every key is refused."""
 
 
 class LabState:
@@ -53,6 +62,12 @@ class LabState:
         self.random = random.Random(config.seed)
         self.cache_control: dict[str, str] = {}
         """The ``Cache-Control`` header each supplier sends on its answers (none if absent)."""
+        self.tokens = TokenKeeper(
+            config.client_id, config.client_secret, config.token_ttl, config.token_limit
+        )
+        """The token endpoint's client, issued tokens and counts (the ``json`` dialect's bearer)."""
+        self.api_key = config.api_key
+        """The ``path`` dialect's API key, changed live by ``PUT /api-key``."""
 
     def other_than(self, supplier: str) -> str:
         """Another supplier's name (the next one the lab serves), for a wrong echo."""
@@ -62,10 +77,11 @@ class LabState:
         return names[(names.index(supplier) + 1) % len(names)]
 
     def reset(self) -> None:
-        """Zero the statistics and forget which request ids were seen."""
+        """Zero the statistics (the token endpoint's too) and forget which request ids were seen."""
         self.stats.reset()
         self.flaky_seen.clear()
         self.blip_seen.clear()
+        self.tokens.zero()
 
 
 STATE: Final = web.AppKey("provider_lab.state", LabState)

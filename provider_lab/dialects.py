@@ -1,0 +1,305 @@
+"""The foreign dialects: suppliers asked as real supplier APIs are, on the shared pipeline.
+
+``json``
+    ``POST /json/{supplier}/quote`` with a JSON body
+    ``{"items": [{"partNumber": "KB-001", "quantity": 10}], "scenario": "..."}``
+    and ``Authorization: Bearer <token>`` from ``POST /oauth2/token``. Answers
+    price breaks, money as decimal strings::
+
+        {"partNumber": "KB-001", "currency": "EUR", "priceBreaks": [{"minQuantity": 1,
+         "unitPrice": "12.00"}, ...], "shipping": "3.00", "available": 20}
+
+``path``
+    ``GET /path/{supplier}/parts/{sku}/price?qty=N&key=<api key>&scenario=...``,
+    the SKU one percent-encoded path segment. Answers the price for that quantity::
+
+        {"part": "KB-001", "qty": 10, "unitPriceCents": 1080, "freightCents": 300, "onHand": 20}
+
+Each dialect reads (supplier, SKU, quantity, scenario) its own way — a request
+it cannot read is a ``400 bad_request`` that ``/stats`` does not count, as the
+classic dialect's 400s — checks its own credentials once the request is
+counted, and writes its own good quote and 404. Everything in between (latency,
+faults, scenarios, the catalogue) is :func:`provider_lab.handlers.serve`. The
+prices come from the classic offer (:func:`provider_lab.catalogue.price_breaks`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import re
+from typing import Final
+from urllib.parse import unquote_to_bytes
+
+import attrs
+from aiohttp import web
+
+from provider_lab import answers
+from provider_lab.answers import JSON, Call, json_response, render
+from provider_lab.catalogue import Offer, break_price, price_breaks
+from provider_lab.handlers import Refusal, deadline, serve
+from provider_lab.state import SCENARIOS, STATE
+
+CURRENCY: Final = "EUR"
+MAX_QUANTITY: Final = 1_000_000_000
+SKU_SEGMENT: Final = 4
+"""Where the SKU is in ``/path/{supplier}/parts/{sku}/price``'s raw parts (``/`` first)."""
+
+_QUANTITY_TEXT: Final = re.compile(r"[0-9]{1,10}")
+_BAD_ESCAPE: Final = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_INVALID_TOKEN: Final = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
+
+
+def money(cents: int) -> str:
+    """Cents as a decimal string of euros: ``1080`` → ``"10.80"``."""
+    return f"{cents // 100}.{cents % 100:02d}"
+
+
+def _bad_request(detail: str) -> web.Response:
+    return json_response(400, {"error": "bad_request", "detail": detail})
+
+
+def _unknown_supplier(supplier: str) -> web.Response:
+    return json_response(404, {"error": "unknown_supplier", "supplier": supplier})
+
+
+# -- json: POST JSON + a bearer token ---------------------------------------------------
+
+
+@attrs.frozen
+class JsonCall(Call):
+    """A ``json``-dialect request: its quantity, and its answers in that dialect's shape."""
+
+    quantity: int
+
+    def ok(self, offer: Offer) -> web.Response:
+        """The 200: every price break, money as decimal strings."""
+        return web.Response(body=self.body(offer), content_type=JSON)
+
+    def body(self, offer: Offer) -> bytes:
+        """The good quote's bytes."""
+        return _price_list(self.sku, offer, prices_as_text=True)
+
+    def malformed(self, offer: Offer) -> bytes:
+        """The ``malformed`` scenario: the break prices as JSON numbers, not decimal strings."""
+        return _price_list(self.sku, offer, prices_as_text=False)
+
+    def unknown_sku(self) -> web.Response:
+        """The 404 for a SKU the supplier does not sell."""
+        return json_response(404, {"error": "unknown_sku"})
+
+    def elsewhere(self, other: str) -> str:
+        """A 3xx's target: the same question to supplier ``other``."""
+        return f"/json/{other}/quote"
+
+
+def _price_list(sku: str, offer: Offer, *, prices_as_text: bool) -> bytes:
+    def price(cents: int) -> str:
+        return json.dumps(money(cents)) if prices_as_text else money(cents)
+
+    breaks = ", ".join(
+        render([("minQuantity", str(least)), ("unitPrice", price(cents))]).decode()
+        for least, cents in price_breaks(offer)
+    )
+    return render(
+        [
+            ("partNumber", json.dumps(sku)),
+            ("currency", json.dumps(CURRENCY)),
+            ("priceBreaks", f"[{breaks}]"),
+            ("shipping", json.dumps(money(offer.shipping_cents))),
+            ("available", str(offer.stock)),
+        ]
+    )
+
+
+def _object(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise ValueError("a key is repeated")
+    return found
+
+
+def _constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _order(data: object) -> tuple[str, int, str] | str:
+    """``(sku, quantity, scenario)`` from a decoded body, or what is wrong with it."""
+    if type(data) is not dict:
+        return "body: must be a JSON object"
+    unknown = sorted(set(data) - {"items", "scenario"})
+    if unknown:
+        return f"{unknown[0]}: not a field (items, scenario)"
+    items = data.get("items")
+    if type(items) is not list or len(items) != 1:
+        return "items: must be a list of exactly one item"
+    item = items[0]
+    if type(item) is not dict or set(item) != {"partNumber", "quantity"}:
+        return 'items[0]: must be {"partNumber": "<sku>", "quantity": N}'
+    sku, quantity = item["partNumber"], item["quantity"]
+    if type(sku) is not str:
+        return "items[0].partNumber: must be a string"
+    if type(quantity) is not int or not 1 <= quantity <= MAX_QUANTITY:
+        return f"items[0].quantity: must be an integer 1–{MAX_QUANTITY}"
+    scenario = data.get("scenario", "normal")
+    if type(scenario) is not str or scenario not in SCENARIOS:
+        return f"scenario: must be one of {', '.join(SCENARIOS)}"
+    return sku, quantity, scenario
+
+
+async def json_quote(request: web.Request) -> web.StreamResponse:
+    """``POST /json/{supplier}/quote``: read the order, then the shared pipeline behind a bearer."""
+    supplier = request.match_info["supplier"]
+    state = request.app[STATE]
+    if supplier not in state.suppliers:
+        return _unknown_supplier(supplier)
+    if request.content_type != JSON:
+        return _bad_request("Content-Type: must be application/json")
+    try:
+        data = json.loads(await request.read(), object_pairs_hook=_object, parse_constant=_constant)
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return _bad_request(f"body: not JSON ({exc})")
+    order = _order(data)
+    if isinstance(order, str):
+        return _bad_request(order)
+    sku, quantity, scenario = order
+    headers = request.headers
+    call = JsonCall(
+        request=request,
+        state=state,
+        supplier=supplier,
+        sku=sku,
+        scenario=scenario,
+        request_id=headers.get("X-Request-ID"),
+        deadline=deadline(headers.get("X-Deadline-Remaining-Ms")),
+        quantity=quantity,
+    )
+    return await serve(call, bearer)
+
+
+def bearer(call: Call) -> Refusal | None:
+    """RFC 6750: a token the token endpoint issued, not expired or revoked; else 401."""
+    header = call.request.headers.get("Authorization", "")
+    if header[:7].lower() == "bearer ":
+        token = header[7:]
+        if token and call.state.tokens.valid(token, asyncio.get_running_loop().time()):
+            return None
+    return "invalid_token", json_response(401, {"error": "invalid_token"}, **_INVALID_TOKEN)
+
+
+# -- path: the SKU in the path, an API key in the query ---------------------------------
+
+
+@attrs.frozen
+class PathCall(Call):
+    """A ``path``-dialect request: its quantity, and its answers in that dialect's shape."""
+
+    quantity: int
+
+    def ok(self, offer: Offer) -> web.Response:
+        """The 200: the unit price for this quantity, in cents."""
+        return web.Response(body=self.body(offer), content_type=JSON)
+
+    def body(self, offer: Offer) -> bytes:
+        """The good quote's bytes."""
+        return render(self._pairs(offer, str(break_price(offer, self.quantity))))
+
+    def malformed(self, offer: Offer) -> bytes:
+        """The ``malformed`` scenario: the unit price as a string."""
+        return render(self._pairs(offer, f'"{break_price(offer, self.quantity)}"'))
+
+    def _pairs(self, offer: Offer, unit_price: str) -> answers.Pairs:
+        return [
+            ("part", json.dumps(self.sku)),
+            ("qty", str(self.quantity)),
+            ("unitPriceCents", unit_price),
+            ("freightCents", str(offer.shipping_cents)),
+            ("onHand", str(offer.stock)),
+        ]
+
+    def unknown_sku(self) -> web.Response:
+        """The 404 for a SKU the supplier does not sell."""
+        return json_response(404, {"error": "unknown_sku"})
+
+    def elsewhere(self, other: str) -> str:
+        """A 3xx's target: the same path and query (as sent) at supplier ``other``."""
+        url = self.request.rel_url
+        query = url.raw_query_string
+        path = f"/path/{other}/parts/{url.raw_parts[SKU_SEGMENT]}/price"
+        return path + (f"?{query}" if query else "")
+
+
+def path_sku(raw: str) -> str:
+    """The SKU of a raw path segment, percent-decoded; ``ValueError`` if it cannot be one.
+
+    Strict where a lenient server would guess: a ``%`` not followed by two hex
+    digits, escapes that are not UTF-8, or a bare ``.``/``..`` segment (which
+    any URL normaliser would resolve away; a SKU ``..`` arrives as ``%2E%2E``).
+    """
+    if raw in (".", ".."):
+        raise ValueError("sku: a dot segment; a SKU '.' or '..' must be percent-encoded")
+    if _BAD_ESCAPE.search(raw):
+        raise ValueError("sku: '%' not followed by two hex digits")
+    try:
+        return unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("sku: percent-escapes that are not UTF-8") from None
+
+
+def _one(request: web.Request, name: str) -> str | None:
+    """The query parameter ``name``, if given; ``ValueError`` if it is given twice."""
+    values = request.query.getall(name, ())
+    if len(values) > 1:
+        raise ValueError(f"{name}: given more than once")
+    return values[0] if values else None
+
+
+async def path_quote(request: web.Request) -> web.StreamResponse:
+    """``GET /path/{supplier}/parts/{sku}/price``: read it, then the pipeline behind an API key."""
+    supplier = request.match_info["supplier"]
+    state = request.app[STATE]
+    if supplier not in state.suppliers:
+        return _unknown_supplier(supplier)
+    try:
+        # The raw segment, not match_info: the lab decodes it itself, strictly.
+        sku = path_sku(request.rel_url.raw_parts[SKU_SEGMENT])
+        quantity_text = _one(request, "qty")
+        scenario = _one(request, "scenario") or "normal"
+        _one(request, "key")
+    except ValueError as exc:
+        return _bad_request(str(exc))
+    if quantity_text is None or not _QUANTITY_TEXT.fullmatch(quantity_text):
+        return _bad_request(f"qty: required, an integer 1–{MAX_QUANTITY}")
+    quantity = int(quantity_text)
+    if not 1 <= quantity <= MAX_QUANTITY:
+        return _bad_request(f"qty: required, an integer 1–{MAX_QUANTITY}")
+    if scenario not in SCENARIOS:
+        return _bad_request(f"scenario: must be one of {', '.join(SCENARIOS)}")
+    headers = request.headers
+    call = PathCall(
+        request=request,
+        state=state,
+        supplier=supplier,
+        sku=sku,
+        scenario=scenario,
+        request_id=headers.get("X-Request-ID"),
+        deadline=deadline(headers.get("X-Deadline-Remaining-Ms")),
+        quantity=quantity,
+    )
+    return await serve(call, api_key)
+
+
+def api_key(call: Call) -> Refusal | None:
+    """The lab's API key in ``?key=``, compared in constant time; else 403."""
+    expected = call.state.api_key
+    given = call.request.query.get("key")
+    if (
+        expected is not None
+        and given is not None
+        and hmac.compare_digest(
+            given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass")
+        )
+    ):
+        return None
+    return "invalid_api_key", json_response(403, {"error": "invalid_api_key"})
