@@ -274,7 +274,7 @@ class _SupplierState:
         headers = shape.render_headers(values)
         body = None
         if shape.has_body:
-            body = shape.render_body({**values, "quantity": request.quantity})
+            body = shape.render_body(values)
         return Shaped(url, shown, headers, body)
 
 

@@ -191,11 +191,12 @@ def _json_uses(template: JSONTemplate) -> frozenset[str]:
     return frozenset()
 
 
-def _render_json(template: JSONTemplate, values: Mapping[str, Any]) -> object:
+def _render_json(template: JSONTemplate, values: Mapping[str, str]) -> object:
     if isinstance(template, Text):
         sole = template.sole
         if isinstance(sole, Placeholder):
-            return values[sole.name]  # typed: the quantity stays an integer
+            value = values[sole.name]
+            return int(value) if sole.name == "quantity" else value  # its type, not text
         if isinstance(sole, Secret):
             return sole.value
         return template.render(values)[0]
@@ -259,7 +260,7 @@ class RequestShape:
     def render_headers(self, values: Mapping[str, str]) -> dict[str, str]:
         return {name: text.render(values, header_value)[0] for name, text in self.headers}
 
-    def render_body(self, values: Mapping[str, Any]) -> bytes | None:
+    def render_body(self, values: Mapping[str, str]) -> bytes | None:
         if not self.has_body:
             return None
         if self.static_body is not None:

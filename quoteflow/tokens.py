@@ -94,6 +94,10 @@ class TokenKeeper:
         """``Bearer <token>``, ready for the header; ``None`` without a valid token."""
         self._expires_at = 0.0
         self._fetched_at = -math.inf
+        self._dropped = False
+        """A token was refused since the last fetch..."""
+        self._replaces_dropped = False
+        """...and the token held now was fetched after such a refusal."""
         self._fetch: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._failures = 0
@@ -138,13 +142,16 @@ class TokenKeeper:
     def drop(self, authorization: str) -> None:
         """The supplier refused ``authorization`` (a 401): never send it again.
 
-        A token refused within ``RETRY_MIN`` of its fetch is refetched only
-        after that: a supplier that refuses every token must not turn each
-        request into a token fetch.
+        The next ``wait`` fetches a new one at once. But if that one is refused
+        too within ``RETRY_MIN`` of its fetch, the next waits until then: a
+        supplier that refuses every token must not turn each request into a
+        token fetch.
         """
         if self._authorization == authorization:
             self._authorization = None
-            self._not_before = max(self._not_before, self._fetched_at + RETRY_MIN)
+            if self._replaces_dropped and time.monotonic() - self._fetched_at < RETRY_MIN:
+                self._not_before = max(self._not_before, self._fetched_at + RETRY_MIN)
+            self._dropped = True
 
     def retire(self) -> None:
         """No more fetches or refreshes (a reload replaced this client); one under way ends."""
@@ -197,6 +204,7 @@ class TokenKeeper:
                 self._authorization = f"Bearer {token}"
                 self._expires_at = sent + lifetime
                 self._fetched_at = time.monotonic()
+                self._replaces_dropped, self._dropped = self._dropped, False
                 self._again(max(REFRESH_AT * lifetime, lifetime - REFRESH_MARGIN))
                 return
             self._failures += 1
