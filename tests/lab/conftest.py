@@ -1,15 +1,20 @@
-"""Fixtures for the provider lab: the real app from its factory, on a real socket."""
+"""Fixtures for the provider lab: the real app from its factory, on a real socket, and
+clients for each of its dialects and its token endpoint."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import quote, quote_plus, urlencode
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
+from multidict import CIMultiDictProxy
 from pytest_aiohttp import AiohttpClient
+from yarl import URL
 
 from provider_lab.app import create_app
 from provider_lab.state import LabConfig
@@ -80,3 +85,89 @@ async def wait_idle(lab: LabClient, within_s: float = 2.0) -> dict[str, Any]:
         if current["active"] == 0 or loop.time() > end:
             return current
         await asyncio.sleep(0.02)
+
+
+# -- the foreign dialects and the token endpoint ------------------------------------------
+
+
+def basic(client_id: str = "quoteflow", client_secret: str = "lab-secret") -> str:
+    """RFC 6749 §2.3.1's ``Authorization: Basic``: each part form-urlencoded, then base64."""
+    pair = f"{quote_plus(client_id)}:{quote_plus(client_secret)}"
+    return "Basic " + base64.b64encode(pair.encode()).decode()
+
+
+async def token_request(
+    lab: LabClient, form: dict[str, str] | None = None, **headers: str
+) -> tuple[int, dict[str, Any], CIMultiDictProxy[str]]:
+    """``POST /oauth2/token`` with a form (Basic credentials unless ``Authorization`` is given)."""
+    if form is None:
+        form = {"grant_type": "client_credentials"}
+    headers.setdefault("Authorization", basic())
+    if not headers["Authorization"]:
+        del headers["Authorization"]
+    async with lab.post("/oauth2/token", data=form, headers=headers) as response:
+        return response.status, await response.json(), response.headers
+
+
+async def fetch_token(lab: LabClient) -> str:
+    """A fresh token from the lab's token endpoint, with the default credentials."""
+    status, body, _ = await token_request(lab)
+    assert status == 200, body
+    token: str = body["access_token"]
+    return token
+
+
+async def ask_json(
+    lab: LabClient,
+    supplier: str = "boreal",
+    sku: str = "KB-001",
+    quantity: int = 1,
+    *,
+    token: str | None,
+    scenario: str | None = None,
+    request_id: str | None = None,
+    **headers: str,
+) -> tuple[int, bytes]:
+    """One ``json``-dialect request (``token=None``: no ``Authorization``); status and body."""
+    order: dict[str, Any] = {"items": [{"partNumber": sku, "quantity": quantity}]}
+    if scenario is not None:
+        order["scenario"] = scenario
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    if request_id is not None:
+        headers["X-Request-ID"] = request_id
+    async with lab.post(f"/json/{supplier}/quote", json=order, headers=headers) as response:
+        return response.status, await response.read()
+
+
+def raw_url(lab: LabClient, path_and_query: str) -> URL:
+    """An absolute URL sent exactly as written: no normalising of ``%2E%2E`` or ``..``."""
+    root = str(lab.make_url("/")).rstrip("/")
+    return URL(root + path_and_query, encoded=True)
+
+
+async def ask_path(
+    lab: LabClient,
+    supplier: str = "boreal",
+    sku: str = "KB-001",
+    qty: int | str | None = 1,
+    *,
+    key: str | None = "lab-key",
+    scenario: str | None = None,
+    request_id: str | None = None,
+    segment: str | None = None,
+    **headers: str,
+) -> tuple[int, bytes]:
+    """One ``path``-dialect request; the SKU percent-encoded as one segment unless ``segment``
+    gives the raw text to send."""
+    if segment is None:
+        segment = quote(sku, safe="")
+        if segment in (".", ".."):
+            segment = segment.replace(".", "%2E")
+    given = {"qty": qty, "key": key, "scenario": scenario}
+    query = [(name, str(value)) for name, value in given.items() if value is not None]
+    if request_id is not None:
+        headers["X-Request-ID"] = request_id
+    path = f"/path/{supplier}/parts/{segment}/price?{urlencode(query, quote_via=quote)}"
+    async with lab.session.get(raw_url(lab, path), headers=headers) as response:
+        return response.status, await response.read()

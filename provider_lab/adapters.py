@@ -1,0 +1,162 @@
+"""Adapters for the lab's two foreign dialects, written as a QuoteFlow user would write them.
+
+A catalogue entry names one::
+
+    [[supplier]]
+    name = "boreal"
+    url = "http://127.0.0.1:9101/json/boreal/quote"
+    adapter = "provider_lab.adapters:json_dialect"
+
+QuoteFlow calls ``adapter(payload, asked)``: ``payload`` is the decoded JSON of
+a 200, ``asked`` what it asked for (``asked.supplier``, ``asked.sku``,
+``asked.quantity``). The adapter returns the supplier protocol's five keys —
+``supplier``, ``sku``, ``unit_cents``, ``shipping_cents``, ``stock``, the last
+three integers — or raises: whatever it raises is the supplier's data being
+unusable (QuoteFlow's ``invalid_data``).
+
+Both are pure functions of their arguments and use the standard library only:
+nothing from ``quoteflow`` (``asked`` is duck-typed) and nothing from the rest
+of the lab, which writes these formats from its own definitions while these
+read them from theirs — so a drift between the two fails a test.
+"""
+
+from __future__ import annotations
+
+import decimal
+import re
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Final, Protocol
+
+CURRENCY: Final = "EUR"
+MAX_MONEY_TEXT: Final = 30
+"""Longer decimal strings are refused: with at most 30 digits, cents are computed exactly."""
+
+_MONEY: Final = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+# Exact or nothing: any rounding raises instead of passing a price off as another.
+_EXACT: Final = decimal.Context(
+    prec=2 * MAX_MONEY_TEXT, traps=[decimal.Inexact, decimal.Rounded, decimal.InvalidOperation]
+)
+
+
+class Asked(Protocol):
+    """What QuoteFlow asked a supplier for; any object with these attributes will do."""
+
+    @property
+    def supplier(self) -> str:
+        """The supplier's name in the catalogue."""
+
+    @property
+    def sku(self) -> str:
+        """The SKU asked for."""
+
+    @property
+    def quantity(self) -> int:
+        """How many units the caller wants."""
+
+
+class AdapterError(ValueError):
+    """The payload is not a usable quote for what was asked; the message names the field."""
+
+
+def json_dialect(payload: object, asked: Asked) -> dict[str, str | int]:
+    """The ``json`` dialect's price list as the quote for ``asked.quantity`` units.
+
+    The payload::
+
+        {"partNumber": "KB-001", "currency": "EUR",
+         "priceBreaks": [{"minQuantity": 1, "unitPrice": "12.00"},
+                         {"minQuantity": 10, "unitPrice": "10.80"}, ...],
+         "shipping": "3.00", "available": 20}
+
+    The unit price is that of the break with the largest ``minQuantity`` not
+    above the quantity asked. Money is a decimal string of euros, turned into
+    cents with :class:`~decimal.Decimal` (never a float); refused: a fraction of
+    a cent, a number instead of a string, a currency other than EUR, a
+    ``partNumber`` other than the SKU asked, a break repeated or malformed (each
+    break is checked, not only the one used), no break for the quantity, a stock
+    that is not a non-negative integer. Other keys are ignored.
+    """
+    if not isinstance(payload, Mapping):
+        raise AdapterError("payload: not a JSON object")
+    if payload.get("partNumber") != asked.sku or type(asked.sku) is not str:
+        raise AdapterError("partNumber: not the SKU asked")
+    if payload.get("currency") != CURRENCY:
+        raise AdapterError(f"currency: not {CURRENCY}")
+    quantity = asked.quantity
+    if type(quantity) is not int or quantity < 1:
+        raise AdapterError("asked.quantity: not a positive integer")
+    breaks = payload.get("priceBreaks")
+    if type(breaks) is not list or not breaks:
+        raise AdapterError("priceBreaks: not a non-empty list")
+    prices: dict[int, int] = {}
+    for index, entry in enumerate(breaks):
+        if not isinstance(entry, Mapping):
+            raise AdapterError(f"priceBreaks[{index}]: not an object")
+        least = entry.get("minQuantity")
+        if type(least) is not int or least < 1:
+            raise AdapterError(f"priceBreaks[{index}].minQuantity: not a positive integer")
+        if least in prices:
+            raise AdapterError(f"priceBreaks[{index}].minQuantity: {least} is repeated")
+        prices[least] = cents(entry.get("unitPrice"), f"priceBreaks[{index}].unitPrice")
+    applicable = [least for least in prices if least <= quantity]
+    if not applicable:
+        raise AdapterError(f"priceBreaks: none for a quantity of {quantity}")
+    return {
+        "supplier": asked.supplier,
+        "sku": asked.sku,
+        "unit_cents": prices[max(applicable)],
+        "shipping_cents": cents(payload.get("shipping"), "shipping"),
+        "stock": _count(payload.get("available"), "available"),
+    }
+
+
+def path_dialect(payload: object, asked: Asked) -> dict[str, str | int]:
+    """The ``path`` dialect's answer, its fields renamed.
+
+    The payload::
+
+        {"part": "KB-001", "qty": 10, "unitPriceCents": 1080, "freightCents": 300, "onHand": 20}
+
+    The supplier has already priced the quantity, so the fields map one to one:
+    ``unitPriceCents`` → ``unit_cents``, ``freightCents`` → ``shipping_cents``,
+    ``onHand`` → ``stock``. Refused: a ``part`` other than the SKU asked, a
+    ``qty`` other than the quantity asked (the price would be another break's),
+    any of the three numbers not a non-negative integer (``true``, ``1080.0``
+    and ``"1080"`` included).
+    """
+    if not isinstance(payload, Mapping):
+        raise AdapterError("payload: not a JSON object")
+    if payload.get("part") != asked.sku or type(asked.sku) is not str:
+        raise AdapterError("part: not the SKU asked")
+    qty = payload.get("qty")
+    if type(qty) is not int or qty != asked.quantity:
+        raise AdapterError("qty: not the quantity asked")
+    return {
+        "supplier": asked.supplier,
+        "sku": asked.sku,
+        "unit_cents": _count(payload.get("unitPriceCents"), "unitPriceCents"),
+        "shipping_cents": _count(payload.get("freightCents"), "freightCents"),
+        "stock": _count(payload.get("onHand"), "onHand"),
+    }
+
+
+def cents(value: object, field: str) -> int:
+    """A decimal string of euros (``"10.80"``) as whole cents (1080), exactly.
+
+    Only plain decimals: ASCII digits, an optional point and more digits; no
+    sign, exponent, spaces or underscores (all of which :class:`Decimal` would
+    accept), at most ``MAX_MONEY_TEXT`` characters.
+    """
+    if type(value) is not str or len(value) > MAX_MONEY_TEXT or not _MONEY.fullmatch(value):
+        raise AdapterError(f"{field}: not a decimal string of euros")
+    amount = _EXACT.multiply(Decimal(value), 100)
+    if amount != amount.to_integral_value():
+        raise AdapterError(f"{field}: a fraction of a cent")
+    return int(amount)
+
+
+def _count(value: object, field: str) -> int:
+    if type(value) is not int or value < 0:
+        raise AdapterError(f"{field}: not a non-negative integer")
+    return value
