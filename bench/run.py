@@ -46,7 +46,7 @@ from typing import Any
 
 import attrs
 
-from bench import callers, catalogue, connections, fleet, hot, report, slow, tracing
+from bench import apis, callers, catalogue, connections, fleet, hot, report, slow, tracing
 from bench.procs import (
     BenchError,
     Service,
@@ -140,6 +140,7 @@ def parse_options(argv: Sequence[str]) -> Options:
         "tracing",
         "callers",
         slow.NAME,
+        apis.NAME,
     ]
     if unknown := [name for name in only if name not in known]:
         parser.error(f"unknown workload {', '.join(unknown)}; choose from {', '.join(known)}")
@@ -614,6 +615,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["tracing"] = tracing.run_tracing(bench)
         if not options.only or "callers" in options.only:
             results["callers"] = callers.run_callers(bench)
+        if not options.only or apis.NAME in options.only:
+            results[apis.NAME] = apis.run_apis(bench)
         # `--only slow` (the scenario-slow workload) runs the slow-suppliers section too.
         if not options.only or {"slow", slow.NAME} & set(options.only):
             results[slow.NAME] = slow.run_slow(bench)
@@ -648,6 +651,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "callers" in results:
         results["summary"]["callers"] = callers.summarize(results["callers"])
         results["summary"]["targets"] += callers.targets(results["summary"]["callers"])
+    if apis.NAME in results:
+        results["summary"][apis.NAME] = apis.summarize(results[apis.NAME])
+        results["summary"]["targets"] += apis.targets(results["summary"][apis.NAME])
     if slow.NAME in results:
         results["summary"][slow.NAME] = slow.summarize(results[slow.NAME])
         results["summary"]["targets"] += slow.targets(results["summary"][slow.NAME])
@@ -658,6 +664,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report.table(results, limits))
     if "catalogue" in results:
         print(catalogue.table(results["summary"]["catalogue"]))
+    if apis.NAME in results:
+        print(apis.table(results["summary"][apis.NAME]))
     if options.plots:
         print(report.plot_all(results, options.out_dir))
     print(f"\nresults: {out}  ({results['elapsed_s']} s)")
