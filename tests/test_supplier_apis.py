@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp import AiohttpClient, AiohttpServer
 
-from quoteflow.app import ROSTER, SUPPLIER_CLIENT, create_app
+from quoteflow.app import ROSTER, create_app
 from quoteflow.config import Settings
 from quoteflow.options import ConfigError, load_catalogue
-from tests.api_fakes import Arrived, ForeignApi, catalogue_text, quote_json
+from tests.api_fakes import Arrived, ForeignApi, catalogue_text
 from tests.catalogue_fakes import offer
 from tests.conftest import TEST_BUDGET, TEST_CONNECT_TIMEOUT
 
@@ -97,10 +98,8 @@ def quoted(answer: dict[str, Any], supplier: str) -> dict[str, Any] | None:
     return next((q for q in answer["quotes"] if q["supplier"] == supplier), None)
 
 
-async def body_quote(request: Any, arrived: Arrived) -> Any:
+async def body_quote(request: web.Request, arrived: Arrived) -> web.StreamResponse:
     """A POST JSON supplier: the quote for the first item's code."""
-    from aiohttp import web
-
     sku = json.loads(arrived.body)["items"][0]["code"]
     return web.json_response({"supplier": "harbor", "sku": sku, **offer("harbor")})
 
@@ -147,8 +146,6 @@ async def test_a_post_json_body_carries_the_ask_at_any_depth_with_its_types(
 
 async def test_the_body_is_the_same_bytes_on_the_retry(start: Start, api: ForeignApi) -> None:
     """A 503 then a 200: both attempts carry one body, encoded once."""
-    from aiohttp import web
-
     calls = 0
 
     async def flaky(request: web.Request, arrived: Arrived) -> web.StreamResponse:
@@ -181,7 +178,6 @@ async def test_a_hostile_sku_stays_one_path_segment(
     start: Start, api: ForeignApi, sku: str
 ) -> None:
     """The SKU cannot change the path, climb out of it, or add a query."""
-    from aiohttp import web
 
     async def echo(request: web.Request, arrived: Arrived) -> web.StreamResponse:
         return web.json_response({"supplier": "quay", "sku": sku, **offer("quay")})
@@ -194,7 +190,8 @@ async def test_a_hostile_sku_stays_one_path_segment(
     assert quoted(answer, "quay") is not None, answer
     [arrived] = api.arrived
     segments = arrived.raw_path.split("?")[0].split("/")
-    assert segments[:3] == ["", "quay", "parts"] and segments[4:] == ["price"]
+    assert segments[:3] == ["", "quay", "parts"]
+    assert segments[4:] == ["price"]
     assert len(segments) == 5
     assert arrived.query == {}
     assert arrived.path == f"/quay/parts/{sku}/price" or sku in (".", "..")
@@ -204,7 +201,6 @@ async def test_a_query_table_names_its_own_fields_and_encodes_values(
     start: Start, api: ForeignApi
 ) -> None:
     """partNumber= and qty= as the supplier names them; a SKU with & stays one value."""
-    from aiohttp import web
 
     async def answer(request: web.Request, arrived: Arrived) -> web.StreamResponse:
         return web.json_response(
@@ -230,7 +226,6 @@ async def test_a_query_table_names_its_own_fields_and_encodes_values(
 
 async def test_header_placeholders_cannot_split_the_request(start: Start, api: ForeignApi) -> None:
     """A SKU with CR LF in a header value is percent-encoded, and the request goes out."""
-    from aiohttp import web
 
     async def answer(request: web.Request, arrived: Arrived) -> web.StreamResponse:
         return web.json_response({"supplier": "quay", "sku": "KB\r\n1%", **offer("quay")})
@@ -260,8 +255,6 @@ async def test_an_adapter_that_takes_the_ask_picks_the_price_break(
     start: Start, api: ForeignApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """adapter(payload, asked): the quantity asked chooses the unit price."""
-    from aiohttp import web
-
     (tmp_path / "breaks_adapter.py").write_text(
         "def breaks(payload, asked):\n"
         "    price = max((b for b in payload['breaks'] if b['min'] <= asked.quantity),\n"
@@ -280,8 +273,12 @@ async def test_an_adapter_that_takes_the_ask_picks_the_price_break(
     )
     one = quoted(await ask(client, quantity=1), "harbor")
     ten = quoted(await ask(client, quantity=10), "harbor")
-    assert one is not None and one["unit_cents"] == 1000 and one["total_cents"] == 1100
-    assert ten is not None and ten["unit_cents"] == 900 and ten["total_cents"] == 9100
+    assert one is not None
+    assert one["unit_cents"] == 1000
+    assert one["total_cents"] == 1100
+    assert ten is not None
+    assert ten["unit_cents"] == 900
+    assert ten["total_cents"] == 9100
 
 
 # -- secrets ------------------------------------------------------------------------
@@ -291,7 +288,6 @@ async def test_a_secret_reaches_the_supplier_and_nothing_else(
     start: Start, api: ForeignApi, caplog: pytest.LogCaptureFixture
 ) -> None:
     """${VAR} in the path, the query, a header and the body: absent from logs, bill, metrics."""
-    from aiohttp import web
 
     async def answer(request: web.Request, arrived: Arrived) -> web.StreamResponse:
         return web.json_response({"error": "nope"}, status=500)
@@ -316,8 +312,10 @@ async def test_a_secret_reaches_the_supplier_and_nothing_else(
         metrics = await (await client.get("/metrics")).text()
         spec = await (await client.get("/openapi.json")).text()
     [arrived] = [a for a in api.arrived if a.method == "POST"]
-    assert SECRET in arrived.raw_path and arrived.query["key"] == SECRET
-    assert arrived.headers["X-Key"] == SECRET and json.loads(arrived.body)["key"] == SECRET
+    assert SECRET in arrived.raw_path
+    assert arrived.query["key"] == SECRET
+    assert arrived.headers["X-Key"] == SECRET
+    assert json.loads(arrived.body)["key"] == SECRET
     assert code_of(answer_, "harbor") == "http_500"
     token = arrived.headers["Authorization"].removeprefix("Bearer ")
     client_secret = api.token.client_secret
@@ -353,9 +351,7 @@ def classic(api: ForeignApi, name: str = "plain") -> dict[str, Any]:
     return {"name": name, "url": f"{api.url}/{name}/q"}
 
 
-async def protocol(request: Any, arrived: Arrived) -> Any:
-    from aiohttp import web
-
+async def protocol(request: web.Request, arrived: Arrived) -> web.StreamResponse:
     name = request.match_info["name"]
     sku = request.query.get("sku") or request.match_info["tail"].rsplit("/", 1)[-1]
     return web.json_response({"supplier": name, "sku": sku, **offer(name)})
@@ -375,10 +371,12 @@ async def test_one_token_serves_every_request_until_it_nears_its_end(
     assert all(quoted(a, "harbor") is not None for a in answers)
     [fetch] = api.token.fetches
     assert fetch["grant_type"] == "client_credentials"
-    assert fetch["scope"] == "quotes:read" and fetch["audience"] == "q"
+    assert fetch["scope"] == "quotes:read"
+    assert fetch["audience"] == "q"
     credentials = f"{api.token.client_id}:{api.token.client_secret}"
     if auth == "basic":
-        assert fetch["basic"] == credentials and "client_secret" not in fetch
+        assert fetch["basic"] == credentials
+        assert "client_secret" not in fetch
     else:
         assert f"{fetch['client_id']}:{fetch['client_secret']}" == credentials
         assert "basic" not in fetch
@@ -442,7 +440,7 @@ async def test_a_dead_token_endpoint_is_auth_failed_and_asked_rarely(
 async def test_refused_credentials_and_errors_are_auth_failed(
     start: Start, api: ForeignApi, mode: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """401 invalid_client or a 500 from the token endpoint: auth_failed, one log event, no secret."""
+    """401 invalid_client or a 500 from the token endpoint: auth_failed, logged, no secret."""
     api.answer = protocol
     api.token.mode = mode
     with caplog.at_level(logging.WARNING, logger="quoteflow"):
@@ -458,7 +456,7 @@ async def test_refused_credentials_and_errors_are_auth_failed(
 async def test_a_slow_token_endpoint_is_auth_failed_not_timeout(
     start: Start, api: ForeignApi
 ) -> None:
-    """No token before the deadline: nothing was sent, so the code is auth_failed; the wait is billed."""
+    """No token before the deadline: nothing was sent, so auth_failed; the wait is billed."""
     api.answer = protocol
     api.bearer_required = True
     api.token.mode = "slow"
@@ -468,7 +466,8 @@ async def test_a_slow_token_endpoint_is_auth_failed_not_timeout(
     assert code_of(answer, "harbor") == "auth_failed"
     assert quoted(answer, "plain") is not None
     bill = answer["explain"]["suppliers"]["harbor"]
-    assert bill["attempts"] == [] and bill["stopped"] == "no_token"
+    assert bill["attempts"] == []
+    assert bill["stopped"] == "no_token"
     assert bill["token_wait_ms"] > 0.5 * (TEST_BUDGET * 1000 - 100)
     # Many requests, one fetch: every one waited for the same.
     await asyncio.gather(*(ask(client) for _ in range(6)))
@@ -508,7 +507,6 @@ async def test_a_401_drops_the_token_and_the_retry_carries_a_fresh_one(
 
 async def test_a_second_401_is_http_401_and_never_a_loop(start: Start, api: ForeignApi) -> None:
     """A supplier that refuses every token: two attempts, then http_401."""
-    from aiohttp import web
 
     async def refuse(request: web.Request, arrived: Arrived) -> web.StreamResponse:
         return web.json_response({"error": "invalid_token"}, status=401)
@@ -528,7 +526,6 @@ async def test_without_oauth2_a_401_is_http_401_and_not_retried(
     start: Start, api: ForeignApi
 ) -> None:
     """A static credential the supplier refuses: one attempt."""
-    from aiohttp import web
 
     async def refuse(request: web.Request, arrived: Arrived) -> web.StreamResponse:
         return web.json_response({"error": "no"}, status=401)
@@ -621,8 +618,10 @@ def test_a_bad_template_or_oauth2_table_is_one_line_naming_the_field(
     with pytest.raises(ConfigError) as caught:
         load_catalogue(settings, {"API_KEY": SECRET})
     text = str(caught.value)
-    assert "supplier 'bad'" in text and message in text, text
-    assert "\n" not in text and SECRET not in text
+    assert "supplier 'bad'" in text
+    assert message in text, text
+    assert "\n" not in text
+    assert SECRET not in text
 
 
 async def test_a_bad_file_on_reload_is_refused_and_the_old_keeps_serving(

@@ -39,7 +39,7 @@ async def start(
 ) -> tuple[TestClient[Any, Any], TestClient[Any, Any]]:
     lab_server = await aiohttp_server(create_lab(LabConfig()))
     lab_url = str(lab_server.make_url("")).rstrip("/")
-    lab = await aiohttp_client(lab_server)
+    lab: TestClient[Any, Any] = await aiohttp_client(lab_server)
     path = tmp_path / "suppliers.toml"
     path.write_text(worked_catalogue().replace(WRITTEN_FOR, lab_url))
     settings = Settings(
