@@ -11,6 +11,7 @@ import pytest
 
 from provider_lab import cli
 from provider_lab.faults import FaultError, Kind, parse_fault_spec
+from tests.lab.conftest import basic
 
 
 @pytest.mark.parametrize(
@@ -26,6 +27,11 @@ from provider_lab.faults import FaultError, Kind, parse_fault_spec
         ["--fault", "boreal:http_429:count=0"],
         ["--fault", "boreal:close:colour=red"],
         ["--fault", "boreal:close:count"],
+        ["--token-ttl", "0"],
+        ["--token-ttl", "soon"],
+        ["--client-id", ""],
+        ["--client-secret", "two\nlines"],
+        ["--api-key", ""],
         ["--unknown"],
     ],
 )
@@ -39,6 +45,16 @@ def test_bad_arguments_are_one_line_and_exit_2(
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "error:" in err
+
+
+def test_a_refused_secret_is_not_echoed(capsys: pytest.CaptureFixture[str]) -> None:
+    """The error line for a bad ``--client-secret`` or ``--api-key`` does not repeat it."""
+    for flag in ("--client-secret", "--api-key"):
+        with pytest.raises(SystemExit):
+            cli.main([flag, "hunter2\x07"])
+        err = capsys.readouterr().err
+        assert flag in err
+        assert "hunter2" not in err
 
 
 def test_fault_spec_with_parameters() -> None:
@@ -95,6 +111,52 @@ async def test_real_process_serves_and_stops_on_sigterm() -> None:
                 assert response.headers["Retry-After"] == "9"
             async with session.get("/quotes/cedar", params={"sku": "KB-001"}) as response:
                 assert response.status == 200
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 5) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_real_process_takes_the_dialects_credentials() -> None:
+    """``--client-id``, ``--client-secret``, ``--token-ttl`` and ``--api-key`` reach the lab."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "provider_lab",
+        "--port",
+        "0",
+        "--client-id",
+        "erp",
+        "--client-secret",
+        "s:cr+t",
+        "--token-ttl",
+        "5",
+        "--api-key",
+        "k1",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), 10)
+        url = line.decode().strip().rsplit(" ", 1)[-1]
+        async with aiohttp.ClientSession(url) as session:
+            form = {"grant_type": "client_credentials"}
+            headers = {"Authorization": basic("erp", "s:cr+t")}
+            async with session.post("/oauth2/token", data=form, headers=headers) as response:
+                body = await response.json()
+                assert (response.status, body["expires_in"]) == (200, 5)
+            order = {"items": [{"partNumber": "KB-001", "quantity": 10}]}
+            bearer = {"Authorization": f"Bearer {body['access_token']}"}
+            async with session.post("/json/atlas/quote", json=order, headers=bearer) as response:
+                assert response.status == 200
+            path = "/path/atlas/parts/KB-001/price"
+            async with session.get(path, params={"qty": "1", "key": "k1"}) as response:
+                assert response.status == 200
+            async with session.get(path, params={"qty": "1", "key": "lab-key"}) as response:
+                assert response.status == 403
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 5) == 0
     finally:

@@ -14,7 +14,17 @@ from pytest_aiohttp import AiohttpClient
 from provider_lab.app import create_app, is_loopback
 from provider_lab.faults import Kind
 from provider_lab.state import LabConfig
-from tests.lab.conftest import LabClient, StartLab, ask, set_fault, stats, wait_idle
+from tests.lab.conftest import (
+    LabClient,
+    StartLab,
+    ask,
+    ask_json,
+    ask_path,
+    fetch_token,
+    set_fault,
+    stats,
+    wait_idle,
+)
 
 
 async def put_json(lab: LabClient, path: str, body: Any) -> tuple[int, dict[str, Any]]:
@@ -75,6 +85,12 @@ async def remote_lab(aiohttp_client: AiohttpClient) -> TestClient[web.Request, w
         ("GET", "/cache-control"),
         ("PUT", "/cache-control/boreal"),
         ("DELETE", "/cache-control"),
+        ("GET", "/oauth2"),
+        ("PUT", "/oauth2"),
+        ("DELETE", "/oauth2/tokens"),
+        ("GET", "/oauth2/tokens"),
+        ("GET", "/api-key"),
+        ("PUT", "/api-key"),
         ("GET", "/no-such-path"),
     ],
 )
@@ -91,10 +107,13 @@ async def test_control_api_refuses_non_loopback_peers(
 
 
 async def test_suppliers_and_health_serve_any_peer(remote_lab: LabClient) -> None:
-    """The suppliers and ``/health`` answer non-loopback peers too."""
+    """The suppliers in every dialect, the token endpoint and ``/health`` answer anyone."""
     assert (await ask(remote_lab, "atlas"))[0] == 200
     async with remote_lab.get("/health") as response:
         assert response.status == 200
+    token = await fetch_token(remote_lab)
+    assert (await ask_json(remote_lab, "atlas", token=token))[0] == 200
+    assert (await ask_path(remote_lab, "atlas"))[0] == 200
 
 
 # -- faults ----------------------------------------------------------------------------------
