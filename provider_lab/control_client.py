@@ -49,6 +49,29 @@ class LabControl:
         else:
             await self._call("PUT", f"/cache-control/{supplier}", {"value": value})
 
+    async def oauth2(self) -> dict[str, Any]:
+        """``GET /oauth2``: the token endpoint's client id, ``expires_in``, fault and counts."""
+        result: dict[str, Any] = await self._call("GET", "/oauth2")
+        return result
+
+    async def set_oauth2(self, **settings: object) -> dict[str, Any]:
+        """``PUT /oauth2``: any of ``client_id``, ``client_secret``, ``expires_in``, ``fault``."""
+        result: dict[str, Any] = await self._call("PUT", "/oauth2", settings)
+        return result
+
+    async def set_token_fault(self, fault: Mapping[str, object] | None) -> None:
+        """Make the token endpoint ``down``, ``slow`` (``ms``) or ``http_500`` until changed."""
+        await self.set_oauth2(fault=None if fault is None else dict(fault))
+
+    async def revoke_tokens(self) -> int:
+        """Revoke every token the lab issued (the next bearer call is a 401); how many."""
+        revoked: int = (await self._call("DELETE", "/oauth2/tokens"))["revoked"]
+        return revoked
+
+    async def set_api_key(self, value: str | None) -> None:
+        """The key the ``path`` dialect wants (``None``: none, every key refused)."""
+        await self._call("PUT", "/api-key", {"value": value})
+
     async def stats(self, request_id: str | None = None) -> dict[str, Any]:
         """``GET /stats``, per-id maps limited to ``request_id`` if given."""
         query = "" if request_id is None else f"?request_id={quote(request_id, safe='')}"
@@ -65,8 +88,10 @@ class LabControl:
             await asyncio.sleep(0.02)
 
     async def fresh(self) -> None:
-        """No faults, no added latency, no Cache-Control, nothing in flight, statistics zeroed."""
+        """No faults (the token endpoint's too), no added latency, no Cache-Control, nothing
+        in flight, statistics zeroed. Credentials, keys and issued tokens stay as they are."""
         await self.clear_faults()
+        await self.set_token_fault(None)
         await self.set_latency(0)
         await self._call("DELETE", "/cache-control")
         await self.wait_idle()

@@ -10,10 +10,12 @@ from typing import Any
 import aiohttp
 import pytest
 
+from provider_lab.control_client import LabControl, LabError
 from tests.lab.conftest import (
     LabClient,
     StartLab,
     ask_json,
+    ask_path,
     basic,
     fetch_token,
     token_request,
@@ -376,3 +378,21 @@ async def test_one_bad_setting_refuses_the_good_ones_too(lab: LabClient) -> None
     assert status == 422
     assert len(answer["detail"]) == 1
     assert (await oauth2(lab))["client_id"] == "quoteflow"
+
+
+async def test_lab_control_drives_the_token_endpoint_and_the_key(lab: LabClient) -> None:
+    """``LabControl`` (make demo, the end-to-end tests): faults, settings, revocation, key;
+    ``fresh`` clears the token endpoint's fault with the suppliers' faults."""
+    control = LabControl(lab.session, str(lab.make_url("/")))
+    await control.set_token_fault({"kind": "slow", "ms": 5})
+    assert (await control.oauth2())["fault"] == {"kind": "slow", "ms": 5}
+    assert (await control.set_oauth2(expires_in=7))["expires_in"] == 7
+    await control.fresh()
+    assert (await control.oauth2())["fault"] is None
+    token = await fetch_token(lab)
+    assert await control.revoke_tokens() == 1
+    assert (await ask_json(lab, token=token))[0] == 401
+    await control.set_api_key("k2")
+    assert (await ask_path(lab, key="k2"))[0] == 200
+    with pytest.raises(LabError, match="422"):
+        await control.set_oauth2(expires_in=0)
