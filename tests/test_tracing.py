@@ -38,6 +38,7 @@ from quoteflow.auth import ApiKeys
 from quoteflow.callers import load_callers
 from quoteflow.config import Settings
 from quoteflow.models import Failure, QuoteRequest, SupplierQuote, SupplierTrace
+from quoteflow.options import load_catalogue
 from quoteflow.service import SupplierGateway
 from quoteflow.spans import _sampling
 from quoteflow.tracing import SAMPLERS, tracing_from_environ
@@ -259,6 +260,59 @@ async def test_a_password_in_the_supplier_url_never_reaches_a_span(
     for attempt in attempts:
         assert attempt.attributes["url.full"].startswith(f"http://quoteflow:***@{url.host}:")
         assert "s3cret" not in str(attempt.attributes)
+
+
+async def test_secrets_and_tokens_of_templated_suppliers_never_reach_a_span(
+    aiohttp_client: AiohttpClient,
+    monkeypatch: pytest.MonkeyPatch,
+    receiver: Receiver,
+    lab: TestServer,
+    tmp_path: Path,
+) -> None:
+    """A ``${VAR}`` key in the query is ``***`` in ``url.full``; the bearer token is nowhere."""
+    base = str(lab.make_url("")).rstrip("/")
+    path = tmp_path / "suppliers.toml"
+    path.write_text(
+        f"""[[supplier]]
+name = "boreal"
+method = "POST"
+url = "{base}/json/boreal/quote"
+adapter = "provider_lab.adapters:json_dialect"
+body = {{ items = [ {{ partNumber = "{{sku}}", quantity = "{{quantity}}" }} ] }}
+oauth2 = {{ token_url = "{base}/oauth2/token", client_id = "quoteflow", client_secret = "${{S}}" }}
+
+[[supplier]]
+name = "cedar"
+url = "{base}/path/cedar/parts/{{sku}}/price"
+query = {{ qty = "{{quantity}}", key = "${{K}}" }}
+adapter = "provider_lab.adapters:path_dialect"
+"""
+    )
+    environ = {"S": "lab-secret", "K": "lab-key"}
+    for name in list(os.environ):
+        if name.startswith("OTEL_"):
+            monkeypatch.delenv(name)
+    variables = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.url, **FLUSHED_QUICKLY}
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    config = tracing_from_environ(os.environ)
+    settings = Settings(
+        budget=TEST_BUDGET, connect_timeout=TEST_CONNECT_TIMEOUT, suppliers_file=str(path)
+    )
+    catalogue = load_catalogue(settings, environ)
+    client = await aiohttp_client(
+        create_app(settings, catalogue=catalogue, environ=environ, tracing=config)
+    )
+    body = await quote(client)
+    assert body["failures"] == []
+    trace = await receiver.trace_of(body["request_id"], spans=1 + 2 + 2)
+    sent = [span for span in trace.spans if span.kind == CLIENT]
+    assert sorted(span.name for span in sent) == ["GET", "POST"]
+    cedar = next(span for span in sent if span.name == "GET")
+    assert cedar.attributes["url.full"].endswith("/path/cedar/parts/KB-001/price?qty=2&key=***")
+    everything = str([(span.name, span.attributes, span.events) for span in trace.spans])
+    for secret in ("lab-secret", "lab-key", "Bearer"):
+        assert secret not in everything
 
 
 async def test_a_supplier_not_retried_gets_a_no_retry_event(
