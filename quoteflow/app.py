@@ -386,7 +386,9 @@ def _sharing(
         gateway = _coalescing(client, telemetry)
     if not settings.cache_size:
         return gateway, None
-    cache = QuoteCache(settings.cache_size, settings.cache_max_age)
+    cache = QuoteCache(
+        settings.cache_size, settings.cache_max_age, per_quantity=client.priced_per_quantity
+    )
     entries = PlainGauge("quoteflow_cache_entries", "Quotes in the cache now (--cache-size).")
     entries.readers[()] = lambda: float(len(cache))
     telemetry.sharing(
@@ -403,7 +405,7 @@ def _sharing(
 
 def _coalescing(client: SupplierClient, telemetry: Telemetry) -> SupplierGateway:
     """``client`` behind coalescing, with its metrics."""
-    coalescing = CoalescingGateway(client)
+    coalescing = CoalescingGateway(client, client.priced_per_quantity)
     shared_calls = PlainGauge(
         "quoteflow_coalesced_calls_in_flight", "Shared supplier calls running now (--coalesce)."
     )

@@ -50,7 +50,7 @@ from quoteflow.models import (
 )
 from quoteflow.service import SupplierGateway
 
-_Key = tuple[str, str, str]
+_Key = tuple[str, str, str, int]
 """Supplier, SKU, scenario."""
 
 _DIRECTIVE: Final = re.compile(
@@ -151,8 +151,14 @@ class QuoteCache:
     """At most ``size`` quotes, the least recently used out first; one per process."""
 
     def __init__(
-        self, size: int, max_age: float, clock: Callable[[], float] = time.monotonic
+        self,
+        size: int,
+        max_age: float,
+        clock: Callable[[], float] = time.monotonic,
+        per_quantity: Callable[[str], bool] = lambda supplier: False,
     ) -> None:
+        self._per_quantity = per_quantity
+        """Whether a supplier's quote depends on the quantity asked (``SupplierClient``)."""
         self._size = size
         self._max_age = max_age
         self._clock = clock
@@ -162,6 +168,11 @@ class QuoteCache:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def key(self, supplier: str, request: QuoteRequest) -> _Key:
+        """Where ``supplier``'s quote for ``request`` is kept: per quantity if priced so."""
+        quantity = request.quantity if self._per_quantity(supplier) else 0
+        return (supplier, request.sku, request.scenario, quantity)
 
     def fresh(self, key: _Key) -> SupplierQuote | None:
         """The fresh quote for ``key``, aged, if there is one."""
@@ -212,7 +223,7 @@ class QuoteCache:
             code = TIMEOUT if outcome is None else outcome.code
             if not covers(code):
                 continue
-            key = (trace.supplier, request.sku, request.scenario)
+            key = self.key(trace.supplier, request)
             entry = self._entries.get(key)
             if entry is None:
                 continue
@@ -251,7 +262,7 @@ class CachingGateway:
         deadline: float,
     ) -> SupplierQuote | Failure:
         """A fresh quote from the cache, or the supplier's answer (stored if it may be)."""
-        key = (trace.supplier, request.sku, request.scenario)
+        key = self._cache.key(trace.supplier, request)
         cached = self._cache.fresh(key)
         if cached is not None:
             trace.stopped = STOPPED_CACHED

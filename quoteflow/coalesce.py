@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import attrs
@@ -53,7 +54,7 @@ from quoteflow.models import (
     SupplierTrace,
 )
 
-_Key = tuple[str, str, str]
+_Key = tuple[str, str, str, int]
 """Supplier, SKU, scenario: what makes two supplier requests identical."""
 
 
@@ -113,8 +114,11 @@ class _SharedCall:
 class CoalescingGateway:
     """A ``SupplierGateway`` that shares identical calls in flight; wraps the real one."""
 
-    def __init__(self, inner: SharingGateway) -> None:
+    def __init__(
+        self, inner: SharingGateway, per_quantity: Callable[[str], bool] = lambda supplier: False
+    ) -> None:
         self._inner = inner
+        self._per_quantity = per_quantity
         self._calls: dict[_Key, _SharedCall] = {}
         self.joins: dict[str, int] = {}
         """Requests that joined a call in flight, by supplier (a running total)."""
@@ -132,7 +136,10 @@ class CoalescingGateway:
         deadline: float,
     ) -> SupplierQuote | Failure:
         """``trace.supplier``'s outcome for ``request``: from a call in flight if there is one."""
-        key = (trace.supplier, request.sku, request.scenario)
+        # A supplier whose quote depends on the quantity (it is sent, or its
+        # adapter reads it) shares a call only with requests for as many.
+        quantity = request.quantity if self._per_quantity(trace.supplier) else 0
+        key = (trace.supplier, request.sku, request.scenario, quantity)
         waiter = _Waiter(trace, request_id, deadline)
         call = self._calls.get(key)
         # Joined only within the starter's own budget: the supplier was told

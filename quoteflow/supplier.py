@@ -214,6 +214,9 @@ class _SupplierState:
         self.adapter: Adapter | None = supplier.adapter
         self.asks_adapter = supplier.adapter_takes_asked
         self.shape_method = "GET" if supplier.shape is None else supplier.shape.method
+        self.per_quantity = self.asks_adapter or (
+            supplier.shape is not None and "quantity" in supplier.shape.uses
+        )
         self.fair_time = supplier.read_timeout if supplier.read_timeout < settings.budget else None
         """Time an attempt cut by the deadline must have had to count against the supplier:
         its read timeout, or (None) ``FAIR_MARGIN`` times the longest it was seen to need."""
@@ -395,6 +398,15 @@ class SupplierClient:
     def in_flight(self) -> int:
         """Attempts holding an outbound slot right now."""
         return self._slots.in_use
+
+    def priced_per_quantity(self, supplier: str) -> bool:
+        """Whether ``supplier``'s quote depends on the quantity asked.
+
+        It does when its request carries ``{quantity}`` or its adapter reads
+        what was asked: its quotes are then shared and cached per quantity.
+        """
+        state = self._suppliers.get(supplier)
+        return state is not None and state.per_quantity
 
     def retry_tokens(self, supplier: str) -> float:
         """Retries ``supplier`` may still spend now."""

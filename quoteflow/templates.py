@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Final
 from urllib.parse import quote
 
 import attrs

@@ -276,10 +276,10 @@ def test_memory_stays_bounded_under_100000_distinct_skus() -> None:
     tracemalloc.start()
     try:
         for quote_ in quotes[:10_000]:
-            cache.keep(("boreal", quote_.sku, "normal"), quote_)
+            cache.keep(("boreal", quote_.sku, "normal", 0), quote_)
         early, _ = tracemalloc.get_traced_memory()
         for quote_ in quotes[10_000:]:
-            cache.keep(("boreal", quote_.sku, "normal"), quote_)
+            cache.keep(("boreal", quote_.sku, "normal", 0), quote_)
         late, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

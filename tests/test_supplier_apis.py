@@ -634,3 +634,39 @@ async def test_a_bad_file_on_reload_is_refused_and_the_old_keeps_serving(
     with pytest.raises(ConfigError):
         client.app[ROSTER].reload()
     assert quoted(await ask(client), "plain") is not None
+
+
+async def test_quotes_priced_per_quantity_are_shared_and_cached_per_quantity(
+    start: Start, api: ForeignApi
+) -> None:
+    """--coalesce and the cache never hand a quote for 10 to a request for 1."""
+
+    async def priced(request: web.Request, arrived: Arrived) -> web.StreamResponse:
+        await asyncio.sleep(0.05)  # long enough for identical calls to meet
+        quantity = int(arrived.query["qty"])
+        unit = 1000 if quantity < 10 else 900
+        return web.json_response(
+            {
+                "supplier": "quay",
+                "sku": "KB-001",
+                "unit_cents": unit,
+                "shipping_cents": 0,
+                "stock": 500,
+            },
+            headers={"Cache-Control": "max-age=30"},
+        )
+
+    api.answer = priced
+    client = await start(
+        [{"name": "quay", "url": f"{api.url}/quay/{{sku}}", "query": {"qty": "{quantity}"}}],
+        coalesce=True,
+        cache_size=100,
+    )
+    one, ten, one_again = await asyncio.gather(
+        ask(client, quantity=1), ask(client, quantity=10), ask(client, quantity=1)
+    )
+    assert [quoted(a, "quay")["unit_cents"] for a in (one, ten, one_again)] == [1000, 900, 1000]  # type: ignore[index]
+    assert sorted(a.query["qty"] for a in api.arrived) == ["1", "10"]  # the two 1s shared
+    cached = await ask(client, quantity=10)
+    assert quoted(cached, "quay")["unit_cents"] == 900  # type: ignore[index]
+    assert len(api.arrived) == 2
