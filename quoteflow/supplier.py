@@ -317,6 +317,8 @@ class SupplierClient:
     ) -> None:
         self._session = session
         self.token_fetches = {}
+        self._retired: set[TokenKeeper] = set()
+        """Keepers a reload replaced: a fetch of theirs may still run until shutdown."""
         self._listener = attempts
         self._settings = settings
         self._keep_cache_control = keep_cache_control
@@ -368,11 +370,17 @@ class SupplierClient:
             return kept
         if kept is not None:
             kept.retire()  # new credentials: the old token is never sent again
+            self._keep_retired(kept)
         if supplier.oauth2 is None:
             return None
         keeper = TokenKeeper(self._session, supplier.oauth2, supplier.name, self._token_fetched)
         keeper.start()
         return keeper
+
+    def _keep_retired(self, keeper: TokenKeeper) -> None:
+        """Hold on to a retired keeper only while a fetch of its own may still run."""
+        self._retired = {old for old in self._retired if old.fetching}
+        self._retired.add(keeper)
 
     def _token_fetched(self, supplier: str, outcome: str) -> None:
         key = (supplier, outcome)
@@ -380,9 +388,10 @@ class SupplierClient:
 
     async def close(self) -> None:
         """At shutdown, before the session closes: no token fetch outlives it."""
-        for state in self._suppliers.values():
-            if state.tokens is not None:
-                await state.tokens.close()
+        keepers = {state.tokens for state in self._suppliers.values()} | self._retired
+        for keeper in keepers:
+            if keeper is not None:
+                await keeper.close()
 
     def forget(self, suppliers: tuple[str, ...]) -> None:
         """Drop suppliers an old catalogue named, once no request can still ask them."""
@@ -390,6 +399,7 @@ class SupplierClient:
             state = self._suppliers.get(name)
             if state is not None and state.tokens is not None:
                 state.tokens.retire()
+                self._keep_retired(state.tokens)
         self._suppliers = {
             name: state for name, state in self._suppliers.items() if name not in suppliers
         }

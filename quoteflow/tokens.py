@@ -109,6 +109,11 @@ class TokenKeeper:
     def __repr__(self) -> str:
         return f"<TokenKeeper supplier={self.supplier!r} valid={self.current() is not None}>"
 
+    @property
+    def fetching(self) -> bool:
+        """A token request is under way."""
+        return self._fetch is not None
+
     def start(self) -> None:
         """Fetch the first token now, before any request needs it."""
         self._begin()
