@@ -23,8 +23,8 @@ read them from theirs — so a drift between the two fails a test.
 from __future__ import annotations
 
 import decimal
+import functools
 import re
-from collections.abc import Mapping
 from decimal import Decimal
 from typing import Final, Protocol
 
@@ -76,10 +76,14 @@ def json_dialect(payload: object, asked: Asked) -> dict[str, str | int]:
     ``partNumber`` other than the SKU asked, a break repeated or malformed (each
     break is checked, not only the one used), no break for the quantity, a stock
     that is not a non-negative integer. Other keys are ignored.
+
+    It runs on every answer of the supplier, so it does one pass over the
+    breaks and converts each price string once per process (:func:`cents`).
     """
-    if not isinstance(payload, Mapping):
+    if type(payload) is not dict:
         raise AdapterError("payload: not a JSON object")
-    if payload.get("partNumber") != asked.sku or type(asked.sku) is not str:
+    sku = asked.sku
+    if type(sku) is not str or payload.get("partNumber") != sku:
         raise AdapterError("partNumber: not the SKU asked")
     if payload.get("currency") != CURRENCY:
         raise AdapterError(f"currency: not {CURRENCY}")
@@ -89,23 +93,28 @@ def json_dialect(payload: object, asked: Asked) -> dict[str, str | int]:
     breaks = payload.get("priceBreaks")
     if type(breaks) is not list or not breaks:
         raise AdapterError("priceBreaks: not a non-empty list")
-    prices: dict[int, int] = {}
+    seen: set[int] = set()
+    best = unit_cents = 0
     for index, entry in enumerate(breaks):
-        if not isinstance(entry, Mapping):
+        if type(entry) is not dict:
             raise AdapterError(f"priceBreaks[{index}]: not an object")
         least = entry.get("minQuantity")
         if type(least) is not int or least < 1:
             raise AdapterError(f"priceBreaks[{index}].minQuantity: not a positive integer")
-        if least in prices:
+        if least in seen:
             raise AdapterError(f"priceBreaks[{index}].minQuantity: {least} is repeated")
-        prices[least] = cents(entry.get("unitPrice"), f"priceBreaks[{index}].unitPrice")
-    applicable = [least for least in prices if least <= quantity]
-    if not applicable:
+        seen.add(least)
+        price = _cents(entry.get("unitPrice"))
+        if price is None:
+            cents(entry.get("unitPrice"), f"priceBreaks[{index}].unitPrice")  # raises, naming why
+        elif best < least <= quantity:
+            best, unit_cents = least, price
+    if not best:
         raise AdapterError(f"priceBreaks: none for a quantity of {quantity}")
     return {
         "supplier": asked.supplier,
-        "sku": asked.sku,
-        "unit_cents": prices[max(applicable)],
+        "sku": sku,
+        "unit_cents": unit_cents,
         "shipping_cents": cents(payload.get("shipping"), "shipping"),
         "stock": _count(payload.get("available"), "available"),
     }
@@ -125,9 +134,9 @@ def path_dialect(payload: object, asked: Asked) -> dict[str, str | int]:
     any of the three numbers not a non-negative integer (``true``, ``1080.0``
     and ``"1080"`` included).
     """
-    if not isinstance(payload, Mapping):
+    if type(payload) is not dict:
         raise AdapterError("payload: not a JSON object")
-    if payload.get("part") != asked.sku or type(asked.sku) is not str:
+    if type(asked.sku) is not str or payload.get("part") != asked.sku:
         raise AdapterError("part: not the SKU asked")
     qty = payload.get("qty")
     if type(qty) is not int or qty != asked.quantity:
@@ -146,14 +155,30 @@ def cents(value: object, field: str) -> int:
 
     Only plain decimals: ASCII digits, an optional point and more digits; no
     sign, exponent, spaces or underscores (all of which :class:`Decimal` would
-    accept), at most ``MAX_MONEY_TEXT`` characters.
+    accept), at most ``MAX_MONEY_TEXT`` characters. ``AdapterError`` naming
+    ``field`` if the value is not one, or holds a fraction of a cent.
     """
+    amount = _cents(value)
+    if amount is not None:
+        return amount
     if type(value) is not str or len(value) > MAX_MONEY_TEXT or not _MONEY.fullmatch(value):
         raise AdapterError(f"{field}: not a decimal string of euros")
-    amount = _EXACT.multiply(Decimal(value), 100)
-    if amount != amount.to_integral_value():
-        raise AdapterError(f"{field}: a fraction of a cent")
-    return int(amount)
+    raise AdapterError(f"{field}: a fraction of a cent")
+
+
+def _cents(value: object) -> int | None:
+    """:func:`cents`, or ``None`` for anything it refuses."""
+    return _text_cents(value) if type(value) is str else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _text_cents(text: str) -> int | None:
+    # Memoised: a supplier sends the same few price strings on every answer, and
+    # the result depends on the text alone, so the adapter stays a pure function.
+    if len(text) > MAX_MONEY_TEXT or not _MONEY.fullmatch(text):
+        return None
+    whole, denominator = _EXACT.multiply(Decimal(text), 100).as_integer_ratio()
+    return whole if denominator == 1 else None
 
 
 def _count(value: object, field: str) -> int:

@@ -26,6 +26,7 @@ prices come from the classic offer (:func:`provider_lab.catalogue.price_breaks`)
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import re
@@ -94,7 +95,10 @@ class JsonCall(Call):
         return f"/json/{other}/quote"
 
 
+@functools.lru_cache(maxsize=1024)
 def _price_list(sku: str, offer: Offer, *, prices_as_text: bool) -> bytes:
+    # Memoised: the list depends on the SKU and the offer only, not on the quantity,
+    # and the same few are asked for again and again under load.
     def price(cents: int) -> str:
         return json.dumps(money(cents)) if prices_as_text else money(cents)
 
