@@ -21,6 +21,7 @@ from tests.lab.conftest import (
     ask_json,
     ask_path,
     fetch_token,
+    raw_url,
     set_fault,
     stats,
     wait_idle,
@@ -114,6 +115,22 @@ async def test_suppliers_and_health_serve_any_peer(remote_lab: LabClient) -> Non
     token = await fetch_token(remote_lab)
     assert (await ask_json(remote_lab, "atlas", token=token))[0] == 200
     assert (await ask_path(remote_lab, "atlas"))[0] == 200
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/json/../faults",
+        "/path/../stats",
+        "/path/%2E%2E/stats",
+        "/quotes/../oauth2",
+        "/json/./../api-key",
+    ],
+)
+async def test_public_prefixes_lead_to_no_control_path(remote_lab: LabClient, path: str) -> None:
+    """Dot segments after a public prefix are not resolved into a control path."""
+    async with remote_lab.session.get(raw_url(remote_lab, path)) as response:
+        assert response.status in (403, 404)  # no route, or refused: never the control answer
 
 
 # -- faults ----------------------------------------------------------------------------------
