@@ -208,7 +208,7 @@ class _SupplierState:
         self.headers = dict(supplier.headers)
         """The catalogue's headers, sent on every attempt (empty for the lab's suppliers)."""
         self.shape = supplier.shape
-        self._shaped: dict[tuple[str, int, str], tuple[URL, URL]] = {}
+        self._shaped: dict[tuple[str, int, str], Shaped] = {}
         self.tokens: TokenKeeper | None = None
         """The OAuth2 token of a supplier with an ``oauth2`` client (set by ``SupplierClient``)."""
         self.adapter: Adapter | None = supplier.adapter
@@ -253,32 +253,40 @@ class _SupplierState:
     def shaped(self, request: QuoteRequest, request_id: str) -> Shaped:
         """``request`` as the supplier's templates say, rendered once for all its attempts.
 
-        Its URL is kept per SKU, quantity and scenario as ``url_for``'s is,
-        unless the URL names ``{request_id}``.
+        Unless a template names ``{request_id}``, the rendering depends on the
+        SKU, quantity and scenario only, and is kept for the next request that
+        asks the same (as ``url_for`` keeps its URLs): the URL, the headers and
+        the body, ready as aiohttp's payload.
         """
         shape = self.shape
         assert shape is not None
+        per_request = "request_id" in shape.uses
+        if not per_request:
+            key = (request.sku, request.quantity, request.scenario)
+            kept = self._shaped.get(key)
+            if kept is not None:
+                return kept
         values = {
             "sku": request.sku,
             "quantity": str(request.quantity),
             "scenario": request.scenario,
             "request_id": request_id,
         }
-        if shape.url_per_request:
-            url, shown = shape.url(values)
-        else:
-            key = (request.sku, request.quantity, request.scenario)
-            urls = self._shaped.get(key)
-            if urls is None:
-                if len(self._shaped) >= _URLS_KEPT:
-                    self._shaped.clear()
-                urls = self._shaped[key] = shape.url(values)
-            url, shown = urls
-        headers = shape.render_headers(values)
-        body = None
-        if shape.has_body:
-            body = shape.render_body(values)
-        return Shaped(url, shown, headers, body)
+        url, shown = shape.url(values)
+        body = shape.render_body(values)
+        shaped = Shaped(
+            url,
+            shown,
+            shape.render_headers(values),
+            # A payload of bytes may be written again and again (aiohttp
+            # ``BytesPayload``): built once, it is no work per attempt.
+            None if body is None else aiohttp.BytesPayload(body, content_type=shape.content_type),
+        )
+        if not per_request:
+            if len(self._shaped) >= _URLS_KEPT:
+                self._shaped.clear()  # bounded: a caller cycling through SKUs costs nothing lasting
+            self._shaped[key] = shaped
+        return shaped
 
 
 def session_timeout(connect: float, read: float, budget: float) -> aiohttp.ClientTimeout:

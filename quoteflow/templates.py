@@ -218,7 +218,8 @@ class Shaped:
     shown_url: URL
     """``url`` with every secret as ``***``: what a span or a log line may carry."""
     headers: Mapping[str, str]
-    body: bytes | None
+    body: object | None = attrs.field(repr=False)
+    """The encoded body, as the HTTP client sends it (``supplier.py``: an aiohttp payload)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -237,9 +238,9 @@ class RequestShape:
     """The encoded body when no placeholder is in it: encoded once, at load time."""
     uses: frozenset[str] = frozenset()
     """Every placeholder used anywhere."""
-    url_per_request: bool = False
-    """The URL names ``{request_id}``: it cannot be kept from one request to the next."""
     shown_origin: str = ""
+    content_type: str = "application/json"
+    """The body's ``Content-Type``: the one ``headers`` names, else JSON's."""
 
     def url(self, values: Mapping[str, str]) -> tuple[URL, URL]:
         """The URL to send and the one to show, for ``values``."""
@@ -315,7 +316,6 @@ def compile_shape(
     uses = set(path.placeholders)
     for _, text in query:
         uses |= text.placeholders
-    url_uses = frozenset(uses)
     for _, text in headers:
         uses |= text.placeholders
     body_uses = _json_uses(body) if has_body else frozenset()
@@ -334,5 +334,12 @@ def compile_shape(
         has_body=has_body,
         static_body=static_body,
         uses=frozenset(uses),
-        url_per_request="request_id" in url_uses,
+        content_type=next(
+            (
+                text.render(dict.fromkeys(PLACEHOLDERS, ""))[0]
+                for name, text in headers
+                if name.lower() == "content-type"
+            ),
+            "application/json",
+        ),
     )
