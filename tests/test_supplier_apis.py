@@ -670,3 +670,24 @@ async def test_quotes_priced_per_quantity_are_shared_and_cached_per_quantity(
     cached = await ask(client, quantity=10)
     assert quoted(cached, "quay")["unit_cents"] == 900  # type: ignore[index]
     assert len(api.arrived) == 2
+
+
+async def test_a_reload_that_changes_a_template_is_used_by_the_next_request(
+    start: Start, api: ForeignApi
+) -> None:
+    """The query's names and the path change on reload; the next request is sent the new way."""
+
+    async def answer(request: web.Request, arrived: Arrived) -> web.StreamResponse:
+        sku = arrived.query.get("part") or arrived.query.get("partNumber")
+        return web.json_response({"supplier": "quay", "sku": sku, **offer("quay")})
+
+    api.answer = answer
+    entry = {"name": "quay", "url": f"{api.url}/quay/v1", "query": {"part": "{sku}"}}
+    client = await start([entry])
+    assert quoted(await ask(client), "quay") is not None
+    start.write([{**entry, "url": f"{api.url}/quay/v2", "query": {"partNumber": "{sku}"}}])
+    client.app[ROSTER].reload()
+    assert quoted(await ask(client), "quay") is not None
+    old, new = api.arrived
+    assert (old.path, old.query) == ("/quay/v1", {"part": "KB-001"})
+    assert (new.path, new.query) == ("/quay/v2", {"partNumber": "KB-001"})
