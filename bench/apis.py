@@ -8,6 +8,11 @@ each alike:
   templated ``POST`` with a JSON body, an OAuth2 client-credentials token (an
   hour's lifetime: fetched once), and the ``provider_lab.adapters:json_dialect``
   adapter picking the price break for the quantity;
+- ``shaped_get``: the same three in the lab's ``path`` dialect — a templated
+  ``GET`` with the SKU in the path and an API key from ``${VAR}`` in the
+  query, read by ``provider_lab.adapters:path_dialect``: the templates' and
+  the adapter's cost without a request body (which aiohttp writes from a task
+  of its own);
 - ``classic``: the same three asked the classic way, by a catalogue file that
   uses none of it;
 - ``before``: QuoteFlow as it was before issue 29 (``BENCH_BEFORE_REF``, by
@@ -46,15 +51,19 @@ if TYPE_CHECKING:
 
 NAME = "supplier_apis"
 THREE = ("atlas", "boreal", "cedar")
-CONTENDERS = ("shaped", "classic", "before")
-PAIRS = (("shaped", "classic"), ("classic", "before"))
-TARGETS = {"shaped/classic": 1.05, "classic/before": 1.01}
+CONTENDERS = ("shaped", "shaped_get", "classic", "before")
+PAIRS = (("shaped", "classic"), ("shaped_get", "classic"), ("classic", "before"))
+TARGETS: dict[str, float | None] = {
+    "shaped/classic": 1.05,
+    "shaped_get/classic": None,  # reported: where the cost of shaped comes from
+    "classic/before": 1.01,
+}
 MIN_ROUNDS = 4
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def catalogues(lab_url: str, into: Path) -> tuple[Path, Path]:
-    """The classic catalogue and the shaped one, for the same three lab suppliers."""
+def catalogues(lab_url: str, into: Path) -> tuple[Path, Path, Path]:
+    """The classic catalogue, the shaped one and the shaped GET one, for the same three."""
     classic = into / "classic.toml"
     classic.write_text(
         "".join(
@@ -83,7 +92,20 @@ client_secret = "${{LAB_CLIENT_SECRET}}"
             for name in THREE
         )
     )
-    return classic, shaped
+    shaped_get = into / "shaped_get.toml"
+    shaped_get.write_text(
+        "".join(
+            f"""[[supplier]]
+name = "{name}"
+url = "{lab_url}/path/{name}/parts/{{sku}}/price"
+query = {{ qty = "{{quantity}}", key = "${{LAB_API_KEY}}", scenario = "{{scenario}}" }}
+adapter = "provider_lab.adapters:path_dialect"
+
+"""
+            for name in THREE
+        )
+    )
+    return classic, shaped, shaped_get
 
 
 def _quoteflow(
@@ -109,7 +131,7 @@ def _quoteflow(
         port,
         log_dir,
         cwd=cwd,
-        env={"LAB_CLIENT_SECRET": "lab-secret"},
+        env={"LAB_CLIENT_SECRET": "lab-secret", "LAB_API_KEY": "lab-key"},
     )
 
 
@@ -155,7 +177,7 @@ def measure(
         )
         if latency_ms:
             http("PUT", lab.url + "/latency", {"ms": latency_ms})
-        classic, shaped = catalogues(lab.url, scratch)
+        classic, shaped, shaped_get = catalogues(lab.url, scratch)
         common = {
             "budget_s": budget_s,
             "inbound": inbound,
@@ -164,6 +186,7 @@ def measure(
             "extra": quoteflow_args,
         }
         services["shaped"] = _quoteflow("shaped", shaped, **common)  # type: ignore[arg-type]
+        services["shaped_get"] = _quoteflow("shaped_get", shaped_get, **common)  # type: ignore[arg-type]
         services["classic"] = _quoteflow("classic", classic, **common)  # type: ignore[arg-type]
         before = before_tree(scratch / "before")
         if before is None:
@@ -294,8 +317,8 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 _ms(per[top]["cpu_ms_per_200"]),
                 _ms(per[bottom]["cpu_ms_per_200"]),
                 _median(found),
-                f"≤ {limit} × {bottom} (issue 29)",
-                None if found is None else found["median"] <= limit,
+                "reported" if limit is None else f"≤ {limit} × {bottom} (issue 29)",
+                None if found is None or limit is None else found["median"] <= limit,
             )
         )
     complete = bool(summary["shaped_quotes_all_three"])
@@ -356,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = summarize(section)
     print(table(summary))
     for target in targets(summary):
-        mark = "met" if target["met"] else "NOT met"
+        mark = {True: "met", False: "NOT met", None: "reported"}[target["met"]]
         value = target["ratio"] or target["quoteflow"]
         print(f"  {target['metric']}: {value} (target {target['target']}): {mark}")
     return 0
