@@ -10,18 +10,22 @@ The suppliers are the ones QuoteFlow's OpenAPI document names: atlas, boreal
 and cedar get the lesson's tour; any other catalogue (the lab started with the
 same file) gets a tour of its own, built from its names (``catalogue_cases``).
 
-For atlas, boreal and cedar, last come the cases of coalescing and the quote
+For atlas, boreal and cedar, then come the cases of coalescing and the quote
 cache, when QuoteFlow runs with them (``make run`` does): each sends several
-requests and shows one.
+requests and shows one. Last, against a second QuoteFlow asking the same lab's
+foreign dialects (``--dialects``; ``make run`` starts it with docs/suppliers.md's
+three worked suppliers): boreal's price breaks at quantity 1 and 10, a 401
+then success, tokens expiring mid-run, and the token endpoint down and back.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import secrets
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 import aiohttp
@@ -57,6 +61,8 @@ class Case:
     """
     focus: str = "boreal"
     """The supplier whose ``stopped`` the table shows."""
+    unit_cents: Mapping[str, int] | None = None
+    """Expected ``unit_cents`` of each quote; exactly these suppliers quote (None: not checked)."""
 
     def needs_retry(self) -> list[str]:
         """Suppliers that must have a retry in QuoteFlow's retry budget for this case."""
@@ -499,6 +505,7 @@ async def run_case(
             notes.append(f"{supplier}: {THROTTLED[stopped[supplier]]}")
         else:
             problems.append(f"{supplier} got {attempts[supplier]} requests, expected {expected}")
+    problems += _price_problems(case, result)
     return Outcome(
         case,
         best,
@@ -509,6 +516,16 @@ async def run_case(
         problems,
         notes,
     )
+
+
+def _price_problems(case: Case, result: dict[str, Any]) -> list[str]:
+    """How ``result``'s quotes differ from the unit prices ``case`` expects."""
+    if case.unit_cents is None:
+        return []
+    quoted = {quote["supplier"]: quote["unit_cents"] for quote in result.get("quotes", ())}
+    if quoted == dict(case.unit_cents):
+        return []
+    return [f"unit_cents {quoted}, expected {dict(case.unit_cents)}"]
 
 
 COLUMNS: Final = ("case", "best", "failures", "attempts a/b/c", "boreal stopped", "ms", "")
@@ -592,6 +609,7 @@ def _row_of(
     for supplier, expected in (case.attempts or {}).items():
         if attempts[supplier] != expected:
             problems.append(f"{supplier} got {attempts[supplier]} requests, expected {expected}")
+    problems += _price_problems(case, result)
     stopped = str(result["explain"]["suppliers"]["boreal"]["stopped"])
     return Outcome(
         case, best, failures, attempts, stopped, float(result["elapsed_ms"]), problems, list(notes)
@@ -778,7 +796,7 @@ async def _circuits_closed_after(
         first = failures if first is None else first
         if response.status == 200 and len(result.get("quotes", ())) == len(SUPPLIERS):
             return loop.time() - began, first
-        if loop.time() - began > within_s:
+        if loop.time() - began > TOKEN_WITHIN_S:
             return None, first
         await asyncio.sleep(0.2)
 
@@ -910,8 +928,370 @@ async def sharing_runs(
     return runs, missing
 
 
-async def demo(service_url: str, lab_url: str) -> int:
-    """Run every case in order and print the table; 0 if all behaved as expected."""
+# -- the lab's dialects: docs/suppliers.md's three worked suppliers (issue 29) ------------
+
+DIALECTS_LEAD: Final = (
+    "the lab's dialects, through the QuoteFlow of docs/suppliers.md's worked suppliers "
+    "(atlas classic; boreal POST JSON with an OAuth2 token, price breaks; cedar the SKU in the "
+    "path, an API key) at"
+)
+EVERYONE_ONCE: Final = {"atlas": 1, "boreal": 1, "cedar": 1}
+AT_10: Final = {"quantity": 10}
+"""From 10 units boreal's second price break applies; cedar (1 in stock) has no quote."""
+
+PRICE_BREAKS: Final[Sequence[Case]] = (
+    Case(
+        "price break at quantity 1",
+        "boreal's break from 1 unit, 11.00 EUR: 1100 cents (atlas 1200, cedar 900); cedar has "
+        "1 in stock and is cheapest",
+        request={"quantity": 1},
+        best="cedar",
+        attempts=EVERYONE_ONCE,
+        unit_cents={"atlas": 1200, "boreal": 1100, "cedar": 900},
+    ),
+    Case(
+        "price break at quantity 10",
+        "boreal's adapter took the break from 10, 9.90 EUR: 990 cents; atlas 1200 as at 1; "
+        "cedar answered, 1 in stock: no quote, no failure",
+        request=AT_10,
+        attempts=EVERYONE_ONCE,
+        unit_cents={"atlas": 1200, "boreal": 990},
+    ),
+)
+
+TOKEN_WITHIN_S: Final = 12.0
+"""How long boreal may take to quote again after a token fetch failed: the fetches back
+off 1 s, 2, 4, at most 8 (plus 20 % jitter)."""
+
+
+async def _boreal_quoting(
+    session: aiohttp.ClientSession, service_url: str, **body: object
+) -> tuple[float | None, dict[str, Any]]:
+    """Ask every 0.2 s until boreal quotes: the seconds it took (None: not within
+    ``TOKEN_WITHIN_S``), and the last answer."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    tag = secrets.token_hex(3)
+    asked = 0
+    while True:
+        result = await _explained(session, service_url, f"until{asked}-{tag}", **body)
+        if _quoted(result, "boreal"):
+            return loop.time() - began, result
+        if loop.time() - began > TOKEN_WITHIN_S:
+            return None, result
+        asked += 1
+        await asyncio.sleep(0.2)
+
+
+def _quoted(result: dict[str, Any], supplier: str) -> bool:
+    return any(quote["supplier"] == supplier for quote in result["quotes"])
+
+
+async def _token_held(
+    session: aiohttp.ClientSession, lab: LabControl, service_url: str
+) -> list[str]:
+    """A clean start for a token case: boreal holds a token and may retry; lab counts zeroed."""
+    await lab.fresh()
+    notes = []
+    if note := await earn_a_retry(session, service_url, "boreal"):
+        notes.append(note)
+    took, _ = await _boreal_quoting(session, service_url)
+    if took is None or took > 0.5:
+        notes.append(
+            "boreal had no token at first (an earlier fetch failed and the next backed off): "
+            + ("none came" if took is None else f"it quoted after {took:.1f} s")
+        )
+    await lab.fresh()
+    return notes
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}{'' if n == 1 else 's'}"
+
+
+def _statuses(result: dict[str, Any]) -> list[int | None]:
+    return [attempt.get("status") for attempt in _boreal_bill(result)["attempts"]]
+
+
+REFUSED_AGAIN_S: Final = 1.1
+REFUSED: Final = Case(
+    "401, then success",
+    "the lab revoked every token: boreal's attempt was a 401; QuoteFlow dropped the token, "
+    "fetched one fresh token and sent the attempt again at once: attempts [401, 200] in the "
+    "bill, and the quote",
+    request=AT_10,
+    attempts={"atlas": 1, "boreal": 2, "cedar": 1},
+    unit_cents={"atlas": 1200, "boreal": 990},
+)
+
+
+async def refused_token(
+    session: aiohttp.ClientSession, lab: LabControl, service_url: str
+) -> list[Outcome]:
+    """Every token revoked (``DELETE /oauth2/tokens``), then one request."""
+    notes = await _token_held(session, lab, service_url)
+    await lab.revoke_tokens()
+    result = await _explained(session, service_url, f"refused-{secrets.token_hex(3)}", **AT_10)
+    await lab.wait_idle()
+    problems = []
+    if (statuses := _statuses(result)) != [401, 200]:
+        problems.append(f"boreal's attempts were {statuses}, expected [401, 200]")
+    issued = (await lab.oauth2())["fetches"]["issued"]
+    if issued != 1:
+        problems.append(f"the token endpoint issued {issued} tokens, expected the one fresh one")
+    # A token refused within a second of a fetch that replaced a refused one makes
+    # QuoteFlow wait out that second (a supplier refusing every token must not turn
+    # each request into a fetch): the next case's revocation comes after it.
+    await asyncio.sleep(REFUSED_AGAIN_S)
+    waited = float(_boreal_bill(result).get("token_wait_ms", 0.0))
+    if not problems:
+        notes.append(
+            f"boreal's attempts in the bill: {statuses}, the second after {waited:.1f} ms "
+            "waiting for the fresh token (token_wait_ms); the token endpoint issued 1"
+        )
+    return [_row_of(REFUSED, result, await lab.attempts(result["request_id"]), problems, notes)]
+
+
+TOKEN_TTL_S: Final = 2
+PHASE_S: Final = 2.0
+PHASE_CALLERS: Final = (1, 4)
+PHASE_SKUS: Final = ("KB-001", "HOT-01", "HOT-02", "HOT-03")
+"""One SKU per caller: no two requests in flight are identical, so none joins another."""
+PAUSE_S: Final = 0.05
+
+REFRESH_S: Final = 0.8 * TOKEN_TTL_S
+"""QuoteFlow refreshes a token when 80 % of its lifetime has passed (60 s before the end of
+a longer one)."""
+EXPIRING: Final = Case(
+    "token expired mid-run",
+    f"tokens of {TOKEN_TTL_S} s from now on (PUT /oauth2 expires_in), every token revoked, "
+    f"then {PHASE_S:g} s of requests by {PHASE_CALLERS[0]} caller and {PHASE_S:g} s by "
+    f"{PHASE_CALLERS[1]}: every answer has boreal's quote, none waited for a token; a new one "
+    f"came every {REFRESH_S:g} s, refreshed in the background: with time, not with requests",
+    request=AT_10,
+    attempts=EVERYONE_ONCE,
+    unit_cents={"atlas": 1200, "boreal": 990},
+)
+
+
+async def expiring_tokens(
+    session: aiohttp.ClientSession, lab: LabControl, service_url: str
+) -> list[Outcome]:
+    """Short-lived tokens under a steady stream of requests: fetched with time, not requests.
+
+    The row is the run's last request (KB-001 at quantity 10).
+    """
+    notes = await _token_held(session, lab, service_url)
+    before = int((await lab.oauth2())["expires_in"])
+    tag = secrets.token_hex(3)
+    loop = asyncio.get_running_loop()
+    problems: list[str] = []
+    answers: list[dict[str, Any]] = []
+
+    async def caller(index: int, until: float) -> None:
+        n = 0
+        while loop.time() < until:
+            answers.append(
+                await _explained(
+                    session,
+                    service_url,
+                    f"expiring{index}-{n}-{tag}",
+                    sku=PHASE_SKUS[index],
+                    quantity=10,
+                )
+            )
+            n += 1
+            await asyncio.sleep(PAUSE_S)
+
+    await lab.set_oauth2(expires_in=TOKEN_TTL_S)
+    try:
+        await lab.revoke_tokens()
+        first = await _explained(session, service_url, f"expiring-{tag}", **AT_10)
+        if _statuses(first) != [401, 200]:
+            problems.append(f"after the revocation boreal's attempts were {_statuses(first)}")
+        began = loop.time()
+        phases: list[tuple[int, int, int]] = []  # callers, requests, tokens issued
+        for callers in PHASE_CALLERS:
+            issued = (await lab.oauth2())["fetches"]["issued"]
+            sent = len(answers)
+            until = loop.time() + PHASE_S
+            await asyncio.gather(*(caller(index, until) for index in range(callers)))
+            issued = (await lab.oauth2())["fetches"]["issued"] - issued
+            phases.append((callers, len(answers) - sent, issued))
+        ran_s = loop.time() - began
+        last = await _explained(session, service_url, f"expiring-last-{tag}", **AT_10)
+        answers.append(last)
+    finally:
+        await lab.set_oauth2(expires_in=before)
+    await lab.wait_idle()
+    issued = (await lab.oauth2())["fetches"]["issued"]
+    without = [answer for answer in answers if not _quoted(answer, "boreal")]
+    if without:
+        codes = sorted(
+            {f["code"] for a in without for f in a["failures"] if f["supplier"] == "boreal"}
+        )
+        problems.append(
+            f"{len(without)} of {len(answers)} answers had no quote of boreal's "
+            f"({', '.join(codes) or 'no failure'})"
+        )
+    late = [a for a in answers if _statuses(a) != [200] or "token_wait_ms" in _boreal_bill(a)]
+    if late:
+        problems.append(
+            f"{len(late)} answers after the first waited for a token or got a 401: "
+            "a refresh came late"
+        )
+    # One fresh token after the revocation, then one per 80 % of a lifetime (and the
+    # last refresh may be under way).
+    most = 2 + math.ceil(ran_s / REFRESH_S)
+    if not 2 <= issued <= most:
+        problems.append(
+            f"the token endpoint issued {issued} tokens in {ran_s:.1f} s, expected 2 to {most}"
+        )
+    for callers, sent, fetched in phases:
+        if fetched > 1 + math.ceil(PHASE_S / REFRESH_S):
+            problems.append(f"{fetched} tokens for {sent} requests by {callers} in {PHASE_S:g} s")
+    said = [
+        f"{_count(c, 'caller')}: {_count(n, 'request')}, {_count(t, 'token')}" for c, n, t in phases
+    ]
+    notes.append(
+        f"{'; '.join(said)}; {_count(len(answers) + 1, 'request')} and "
+        f"{_count(issued, 'token')} in all (the first for the first request, whose revoked "
+        "token got a 401)"
+    )
+    if before != TOKEN_TTL_S:
+        notes.append(f"expires_in is {before} s again for the tokens issued from now on")
+    return [_row_of(EXPIRING, last, await lab.attempts(last["request_id"]), problems, notes)]
+
+
+DOWN_S: Final = 2.0
+DOWN: Final = Case(
+    "token endpoint down",
+    "the token endpoint resets every connection and every token is revoked: boreal's 401 "
+    "found no fresh token, auth_failed at once; atlas and cedar quoted, on budget",
+    request={"quantity": 1},
+    best="cedar",
+    failures={"boreal": "auth_failed"},
+    attempts=EVERYONE_ONCE,
+    unit_cents={"atlas": 1200, "cedar": 900},
+)
+BACK: Final = Case(
+    "token endpoint back",
+    "the fault cleared: the next token fetch (backing off after each failure: 1 s, 2, 4, at "
+    "most 8) brought a token, and boreal quoted again",
+    request={"quantity": 1},
+    best="cedar",
+    attempts=EVERYONE_ONCE,
+    unit_cents={"atlas": 1200, "boreal": 1100, "cedar": 900},
+)
+
+
+async def token_endpoint_down(
+    session: aiohttp.ClientSession, lab: LabControl, service_url: str
+) -> list[Outcome]:
+    """The token endpoint down for a while, then up again: two rows."""
+    notes = await _token_held(session, lab, service_url)
+    tag = secrets.token_hex(3)
+    budget_ms = 0.0
+    loop = asyncio.get_running_loop()
+    await lab.set_token_fault({"kind": "down"})
+    try:
+        # Counted from here: a refresh of an earlier case's token may have been just before.
+        before = (await lab.oauth2())["fetches"]
+        await lab.revoke_tokens()
+        first = await _explained(session, service_url, f"down-{tag}", quantity=1)
+        budget_ms = float(first["explain"]["budget_ms"])
+        began = loop.time()
+        later: list[dict[str, Any]] = []
+        while loop.time() - began < DOWN_S:
+            await asyncio.sleep(0.2)
+            later.append(
+                await _explained(session, service_url, f"down{len(later)}-{tag}", quantity=1)
+            )
+        down_s = loop.time() - began
+        fetches = {k: n - before[k] for k, n in (await lab.oauth2())["fetches"].items()}
+    finally:
+        await lab.set_token_fault(None)
+    problems = []
+    if _statuses(first) != [401]:
+        problems.append(f"boreal's attempts were {_statuses(first)}, expected [401]")
+    for answer in (first, *later):
+        failures = {f["supplier"]: f["code"] for f in answer["failures"]}
+        if failures != {"boreal": "auth_failed"}:
+            problems.append(f"{answer['request_id']}: failures {failures}")
+        if answer["elapsed_ms"] > budget_ms:
+            problems.append(f"{answer['request_id']}: answered after {answer['elapsed_ms']} ms")
+    if asked := [a["request_id"] for a in later if _statuses(a)]:
+        problems.append(f"boreal was asked without a token: {asked}")
+    most = 1 + math.ceil(down_s)  # at most one fetch a second after the first failure
+    if fetches["failed"] > most or fetches["issued"]:
+        problems.append(
+            f"the token endpoint was asked {fetches} in {down_s:.1f} s; at most {most} expected"
+        )
+    slowest = max(a["elapsed_ms"] for a in (first, *later))
+    notes.append(
+        f"then {len(later)} requests in {down_s:.1f} s: auth_failed at once, boreal not asked, the "
+        f"slowest answer {slowest:.1f} ms of the {budget_ms:.0f} ms budget; "
+        f"the token endpoint was asked {_count(fetches['failed'], 'time')}, "
+        f"not {len(later) + 1}"
+    )
+    down = _row_of(DOWN, first, await lab.attempts(first["request_id"]), problems, notes)
+    took, answer = await _boreal_quoting(session, service_url, quantity=1)
+    back_problems = []
+    if took is None:
+        back_problems.append(
+            f"boreal had no quote {TOKEN_WITHIN_S:.0f} s after the fault was cleared"
+        )
+    await lab.wait_idle()
+    back = _row_of(
+        BACK,
+        answer,
+        await lab.attempts(answer["request_id"]),
+        back_problems,
+        [] if took is None else [f"boreal quoted again {took:.1f} s after the fault was cleared"],
+    )
+    return [down, back]
+
+
+TOKEN_RUNS: Final[
+    Sequence[Callable[[aiohttp.ClientSession, LabControl, str], Awaitable[list[Outcome]]]]
+] = (
+    refused_token,
+    expiring_tokens,
+    token_endpoint_down,
+)
+"""The token cases, in this order: each starts with boreal holding a token, fetched over a
+second before (the first after ``refused_token``'s pause, the last by a refresh)."""
+
+
+async def worked_suppliers_at(session: aiohttp.ClientSession, url: str) -> bool:
+    """Whether a QuoteFlow answers at ``url``, asking atlas, boreal and cedar."""
+    try:
+        async with session.get(f"{url}/health") as response:
+            if response.status != 200:
+                return False
+        return await supplier_names(session, url) == SUPPLIERS
+    except aiohttp.ClientError:
+        return False
+
+
+async def dialect_outcomes(
+    session: aiohttp.ClientSession, lab: LabControl, service_url: str
+) -> AsyncIterator[Outcome]:
+    """The price breaks and the token cases against the worked suppliers' QuoteFlow."""
+    await _boreal_quoting(session, service_url)  # a token fetch of an earlier failure backing off
+    for case in PRICE_BREAKS:
+        yield await run_case(session, lab, service_url, case)
+    for run in TOKEN_RUNS:
+        for outcome in await run(session, lab, service_url):
+            yield outcome
+
+
+async def demo(service_url: str, lab_url: str, dialects_url: str | None = None) -> int:
+    """Run every case in order and print the table; 0 if all behaved as expected.
+
+    ``dialects_url``: a QuoteFlow asking docs/suppliers.md's worked suppliers at
+    the same lab (``make run`` starts one); its cases come last.
+    """
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         lab = LabControl(session, lab_url)
         for name, url in (("QuoteFlow", service_url), ("provider lab", lab_url)):
@@ -938,6 +1318,13 @@ async def demo(service_url: str, lab_url: str) -> int:
             runs, missing = await sharing_runs(session, service_url)
             for line in missing:
                 print(f"QuoteFlow's {line}")
+            if dialects_url and not await worked_suppliers_at(session, dialects_url):
+                missing.append(dialects_url)
+                print(
+                    f"No QuoteFlow of the worked suppliers at {dialects_url} (make run starts "
+                    "one): the cases of the lab's dialects are left out."
+                )
+                dialects_url = None
             if missing:
                 print()
         else:
@@ -950,6 +1337,7 @@ async def demo(service_url: str, lab_url: str) -> int:
             print(_row(CATALOGUE_COLUMNS))
             cases = catalogue_cases(suppliers)
             runs = []  # the coalescing and cache cases are written for the lesson's three
+            dialects_url = None  # so are the worked suppliers
         print(_row(["-" * w for w in WIDTHS]))
         for case in cases:
             outcome = await run_case(session, lab, service_url, case, suppliers)
@@ -964,6 +1352,11 @@ async def demo(service_url: str, lab_url: str) -> int:
             outcome = await run(session, lab, service_url)
             outcomes.append(outcome)
             print("\n".join(format_outcome(outcome)), flush=True)
+        if dialects_url:
+            print(f"{DIALECTS_LEAD} {dialects_url}:", flush=True)
+            async for outcome in dialect_outcomes(session, lab, dialects_url):
+                outcomes.append(outcome)
+                print("\n".join(format_outcome(outcome)), flush=True)
         await lab.fresh()
     wrong = [o.case.name for o in outcomes if o.problems]
     print()
@@ -982,8 +1375,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--service", default="http://127.0.0.1:9100", help="QuoteFlow's URL")
     parser.add_argument("--lab", default="http://127.0.0.1:9101", help="the provider lab's URL")
+    parser.add_argument(
+        "--dialects",
+        default="http://127.0.0.1:9103",
+        help="the URL of a QuoteFlow asking docs/suppliers.md's worked suppliers at the same lab "
+        "(make run starts one; '': leave their cases out)",
+    )
     args = parser.parse_args(argv)
-    return asyncio.run(demo(args.service.rstrip("/"), args.lab.rstrip("/")))
+    return asyncio.run(
+        demo(args.service.rstrip("/"), args.lab.rstrip("/"), args.dialects.rstrip("/") or None)
+    )
 
 
 if __name__ == "__main__":

@@ -1,10 +1,16 @@
 """``make run``: the provider lab and QuoteFlow together, until Ctrl-C.
 
 Starts ``python -m provider_lab`` and ``python -m quoteflow`` (pointed at the
-lab) as child processes, waits until both answer ``GET /health``, prints where
-they are and a ready-to-paste ``curl``, and on SIGINT/SIGTERM stops QuoteFlow,
-then the lab, escalating to SIGKILL after a few seconds. If either child dies,
-the other is stopped too. QuoteFlow is only ever a process here, never imported.
+lab) as child processes, and a second QuoteFlow asking the lab's foreign
+dialects: docs/suppliers.md's three worked suppliers (atlas classic; boreal
+POST JSON with an OAuth2 token and price breaks; cedar with the SKU in the
+path and an API key), from a catalogue file written for the lab's address,
+with the lab's two secrets in its environment. That one starts once the lab
+answers, so its first token fetch finds the token endpoint up. Waits until
+all answer ``GET /health``, prints where they are and ready-to-paste ``curl``
+lines, and on SIGINT/SIGTERM stops both QuoteFlows, then the lab, escalating
+to SIGKILL after a few seconds. If any child dies, the others are stopped too.
+QuoteFlow is only ever a process here, never imported.
 """
 
 from __future__ import annotations
@@ -12,15 +18,70 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Final
 
 import aiohttp
 
+from provider_lab.state import LabConfig
+
 READY_WITHIN_S: Final = 20.0
 STOP_WITHIN_S: Final = 5.0
+
+WRITTEN_FOR: Final = "http://127.0.0.1:9101"
+WORKED_SUPPLIERS: Final = """\
+# Classic: QuoteFlow's own protocol, GET {url}?sku=&scenario=.
+[[supplier]]
+name = "atlas"
+url = "http://127.0.0.1:9101/quotes/atlas"
+
+# POST JSON with a bearer token from an OAuth2 token endpoint; the answer is
+# a price list in euros (price breaks), read by an adapter that sees the quantity.
+[[supplier]]
+name = "boreal"
+method = "POST"
+url = "http://127.0.0.1:9101/json/boreal/quote"
+adapter = "provider_lab.adapters:json_dialect"
+
+[supplier.body]
+items = [ { partNumber = "{sku}", quantity = "{quantity}" } ]
+scenario = "{scenario}"
+
+[supplier.oauth2]
+token_url = "http://127.0.0.1:9101/oauth2/token"
+client_id = "quoteflow"
+client_secret = "${LAB_CLIENT_SECRET}"
+
+# The SKU in the path, an API key and the quantity in the query; the supplier
+# prices the quantity itself.
+[[supplier]]
+name = "cedar"
+url = "http://127.0.0.1:9101/path/cedar/parts/{sku}/price"
+query = { qty = "{quantity}", key = "${LAB_API_KEY}", scenario = "{scenario}" }
+adapter = "provider_lab.adapters:path_dialect"
+"""
+"""docs/suppliers.md's "Three worked suppliers", as the page has them (a test compares)."""
+
+_LAB: Final = LabConfig()
+LAB_SECRETS: Final = {
+    "LAB_CLIENT_SECRET": _LAB.client_secret,
+    "LAB_API_KEY": _LAB.api_key or "",
+}
+"""The worked catalogue's ``${VAR}`` values: the lab's default credentials."""
+
+
+DIALECTS_PORT: Final = 9103
+"""The worked suppliers' QuoteFlow (9102 is ``make fleet``'s redis-server)."""
+
+
+def worked_catalogue(lab_url: str) -> str:
+    """The three worked suppliers' catalogue, pointed at the lab at ``lab_url``."""
+    return WORKED_SUPPLIERS.replace(WRITTEN_FOR, lab_url)
 
 
 async def wait_ready(
@@ -51,11 +112,20 @@ async def stop_child(process: asyncio.subprocess.Process, within_s: float = STOP
             await process.wait()
 
 
-def _banner(lab_url: str, service_url: str, extra: Sequence[str] = ()) -> str:
+def _banner(
+    lab_url: str, service_url: str, extra: Sequence[str] = (), dialects_url: str | None = None
+) -> str:
     body = '{"quantity":2,"scenario":"flaky"}'
     lines = [
         f"provider lab  {lab_url}   (faults: {lab_url}/faults, stats: {lab_url}/stats)",
         f"QuoteFlow     {service_url}",
+    ]
+    if dialects_url is not None:
+        lines.append(
+            f"QuoteFlow     {dialects_url}   (docs/suppliers.md's worked suppliers: "
+            "boreal by POST JSON + OAuth2, cedar by path + API key)"
+        )
+    lines += [
         "",
         "Try:",
         f"  curl -s -X POST {service_url}/api/quotes "
@@ -69,16 +139,37 @@ def _banner(lab_url: str, service_url: str, extra: Sequence[str] = ()) -> str:
     lines += [
         'and, to try slow suppliers (every one answers after 400 ms; {"ms": 0} undoes it):',
         f"  curl -s -X PUT {lab_url}/latency -d '{{\"ms\": 400}}'",
+    ]
+    if dialects_url is not None:
+        ten = '{"quantity":10}'
+        lines += [
+            "and, to try the worked suppliers (quantity 10: boreal's price break, unit_cents 990;",
+            "after the lab revokes every token, boreal's attempts in the bill: a 401, then a 200):",
+            f"  curl -s -X POST {dialects_url}/api/quotes "
+            f"-H 'Content-Type: application/json' -d '{ten}'",
+            f"  curl -s -X DELETE {lab_url}/oauth2/tokens",
+            f"  curl -s -X POST '{dialects_url}/api/quotes?explain=1' "
+            f"-H 'Content-Type: application/json' -d '{ten}'",
+        ]
+    everyone = "both" if dialects_url is None else "all three"
+    lines += [
         "",
-        "make demo drives every scenario and fault against this pair. Ctrl-C stops both.",
+        f"make demo drives every scenario and fault against them. Ctrl-C stops {everyone}.",
     ]
     return "\n".join(lines)
 
 
-async def run(host: str, lab_port: int, service_port: int, extra: Sequence[str]) -> int:
-    """Start both, wait for a signal or a child's death, stop both; the exit code."""
+async def run(
+    host: str,
+    lab_port: int,
+    service_port: int,
+    extra: Sequence[str],
+    dialects_port: int | None = DIALECTS_PORT,
+) -> int:
+    """Start them all, wait for a signal or a child's death, stop them all; the exit code."""
     lab_url = f"http://{host}:{lab_port}"
     service_url = f"http://{host}:{service_port}"
+    dialects_url = None if dialects_port is None else f"http://{host}:{dialects_port}"
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -87,49 +178,73 @@ async def run(host: str, lab_port: int, service_port: int, extra: Sequence[str])
     lab = await asyncio.create_subprocess_exec(
         python, "-m", "provider_lab", "--host", host, "--port", str(lab_port)
     )
-    children = [lab]
-    try:
-        service = await asyncio.create_subprocess_exec(
-            python,
-            "-m",
-            "quoteflow",
-            "--host",
-            host,
-            "--port",
-            str(service_port),
-            "--provider-url",
-            lab_url,
-            *extra,
-        )
-        children.insert(0, service)  # stopped first: it is the lab's client
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as session:
-            ready = await asyncio.gather(
-                wait_ready(lab_url, lab, session), wait_ready(service_url, service, session)
+    services: list[asyncio.subprocess.Process] = []  # the lab's clients: stopped first
+    with tempfile.TemporaryDirectory(prefix="quoteflow-run-") as folder:
+        try:
+            services.append(
+                await asyncio.create_subprocess_exec(
+                    python,
+                    "-m",
+                    "quoteflow",
+                    "--host",
+                    host,
+                    "--port",
+                    str(service_port),
+                    "--provider-url",
+                    lab_url,
+                    *extra,
+                )
             )
-        if not all(ready):
-            names = [
-                n for n, ok in zip(("provider lab", "QuoteFlow"), ready, strict=True) if not ok
-            ]
-            print(f"run: {' and '.join(names)} did not start; stopping", file=sys.stderr)
-            return 1
-        print(_banner(lab_url, service_url, extra), flush=True)
-        waiters: list[asyncio.Task[object]] = [asyncio.create_task(stop.wait())]
-        waiters += [asyncio.create_task(child.wait()) for child in children]
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        for waiter in waiters:
-            waiter.cancel()
-        if not stop.is_set():
-            print("run: a process exited; stopping the other", file=sys.stderr)
-            return 1
-        print("\nrun: stopping QuoteFlow and the provider lab", flush=True)
-        return 0
-    finally:
-        for child in children:
-            await stop_child(child)
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as session:
+                service_ready = asyncio.create_task(wait_ready(service_url, services[0], session))
+                ready = {"provider lab": await wait_ready(lab_url, lab, session)}
+                if dialects_url is not None and ready["provider lab"]:
+                    # Once the lab answers: the first token fetch finds its endpoint up.
+                    catalogue = Path(folder) / "worked-suppliers.toml"
+                    catalogue.write_text(worked_catalogue(lab_url))
+                    services.append(
+                        await asyncio.create_subprocess_exec(
+                            python,
+                            "-m",
+                            "quoteflow",
+                            "--host",
+                            host,
+                            "--port",
+                            str(dialects_port),
+                            *extra,
+                            "--suppliers",
+                            str(catalogue),
+                            env={**os.environ, **LAB_SECRETS},
+                        )
+                    )
+                    ready["QuoteFlow of the worked suppliers"] = await wait_ready(
+                        dialects_url, services[1], session
+                    )
+                ready["QuoteFlow"] = await service_ready
+            if not all(ready.values()):
+                missing = [name for name, ok in ready.items() if not ok]
+                print(f"run: {' and '.join(missing)} did not start; stopping", file=sys.stderr)
+                return 1
+            print(_banner(lab_url, service_url, extra, dialects_url), flush=True)
+            waiters: list[asyncio.Task[object]] = [asyncio.create_task(stop.wait())]
+            waiters += [asyncio.create_task(child.wait()) for child in (*services, lab)]
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in waiters:
+                waiter.cancel()
+            if not stop.is_set():
+                print("run: a process exited; stopping the others", file=sys.stderr)
+                return 1
+            both = "both QuoteFlows" if len(services) > 1 else "QuoteFlow"
+            print(f"\nrun: stopping {both} and the provider lab", flush=True)
+            return 0
+        finally:
+            await asyncio.gather(*(stop_child(service) for service in services))
+            await stop_child(lab)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m provider_lab.run_pair [--host] [--lab-port] [--port] [-- quoteflow flags]``."""
+    """``python -m provider_lab.run_pair [--host] [--lab-port] [--port] [--dialects-port]
+    [-- quoteflow flags]``."""
     parser = argparse.ArgumentParser(
         prog="python -m provider_lab.run_pair",
         description="Run the provider lab and QuoteFlow together until Ctrl-C.",
@@ -137,9 +252,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--lab-port", type=int, default=9101)
     parser.add_argument("--port", type=int, default=9100, help="QuoteFlow's port")
-    parser.add_argument("extra", nargs="*", help="more QuoteFlow flags, after --")
+    parser.add_argument(
+        "--dialects-port",
+        type=int,
+        default=DIALECTS_PORT,
+        help=f"the port of the QuoteFlow asking the worked suppliers ({DIALECTS_PORT}); 0: none",
+    )
+    parser.add_argument("extra", nargs="*", help="more QuoteFlow flags (both QuoteFlows), after --")
     args = parser.parse_args(argv)
-    return asyncio.run(run(args.host, args.lab_port, args.port, args.extra))
+    dialects = args.dialects_port or None
+    return asyncio.run(run(args.host, args.lab_port, args.port, args.extra, dialects))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""``make run`` and ``make demo``: the pair as one process tree, the README's curl, clean stops."""
+"""``make run`` and ``make demo``: the pair as one process tree, the README's curl, clean stops.
+
+``make run`` also starts a second QuoteFlow asking docs/suppliers.md's worked
+suppliers; the demo's last cases (price breaks, tokens) run against it.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,9 @@ import aiohttp
 import attrs
 import pytest
 
+from provider_lab.run_pair import WORKED_SUPPLIERS
 from tests.e2e.conftest import free_port
+from tests.test_worked_suppliers import worked_catalogue
 
 
 def refuses(port: int) -> bool:
@@ -44,6 +50,8 @@ class Running:
     lines: list[str]
     lab_port: int
     port: int
+    dialects_port: int = 0
+    """The worked suppliers' QuoteFlow (``run_pair`` only; 0: none)."""
 
     async def line_containing(self, text: str, within_s: float = 20.0) -> str:
         """Wait for an output line containing ``text``."""
@@ -64,7 +72,9 @@ async def _drain(stream: asyncio.StreamReader, lines: list[str]) -> None:
         lines.append(line.decode(errors="replace").rstrip())
 
 
-async def start_pair(lab_port: int, port: int) -> tuple[Running, asyncio.Task[None]]:
+async def start_pair(
+    lab_port: int, port: int, dialects_port: int
+) -> tuple[Running, asyncio.Task[None]]:
     """Start ``run_pair`` and keep reading what it and its children print."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -74,6 +84,8 @@ async def start_pair(lab_port: int, port: int) -> tuple[Running, asyncio.Task[No
         str(lab_port),
         "--port",
         str(port),
+        "--dialects-port",
+        str(dialects_port),
         # As `make run` starts it: with coalescing and the quote cache.
         "--",
         "--coalesce",
@@ -85,7 +97,7 @@ async def start_pair(lab_port: int, port: int) -> tuple[Running, asyncio.Task[No
         # too, which hold the output pipe the reader waits on.
         start_new_session=True,
     )
-    running = Running(process, [], lab_port, port)
+    running = Running(process, [], lab_port, port, dialects_port)
     assert process.stdout is not None
     return running, asyncio.create_task(_drain(process.stdout, running.lines))
 
@@ -101,7 +113,7 @@ async def stop_pair(running: Running, reader: asyncio.Task[None]) -> None:
 @pytest.fixture
 async def running_pair() -> AsyncIterator[Running]:
     """``run_pair`` on free ports; killed at the end if a test left it running."""
-    running, reader = await start_pair(free_port(), free_port())
+    running, reader = await start_pair(free_port(), free_port(), free_port())
     try:
         yield running
     finally:
@@ -122,18 +134,34 @@ async def test_run_pair_serves_the_readme_curl_and_stops_cleanly(running_pair: R
         result = await response.json()
     assert result["best"]["supplier"] == "boreal"
     assert result["failures"] == []
+    # The worked suppliers' curl: boreal's break from 10, by POST JSON with a token.
+    line = await running_pair.line_containing(f":{running_pair.dialects_port}/api/quotes ")
+    args = shlex.split(line)
+    url, body = args[args.index("POST") + 1], args[args.index("-d") + 1]
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, data=body, headers={"Content-Type": "application/json"}) as response,
+    ):
+        result = await response.json()
+    assert result["best"]["supplier"] == "boreal"
+    assert result["best"]["unit_cents"] == 990
+    assert result["failures"] == []
 
     running_pair.process.send_signal(signal.SIGINT)
     assert await asyncio.wait_for(running_pair.process.wait(), 15) == 0
-    assert refuses(running_pair.port)
-    assert refuses(running_pair.lab_port)
-    assert processes_mentioning(f"--port {running_pair.port}") == []
-    assert processes_mentioning(f"--port {running_pair.lab_port}") == []
+    for port in (running_pair.port, running_pair.lab_port, running_pair.dialects_port):
+        assert refuses(port)
+        assert processes_mentioning(f"--port {port}") == []
+
+
+def test_run_pair_starts_the_worked_suppliers_as_the_page_has_them() -> None:
+    """The second QuoteFlow's catalogue is docs/suppliers.md's TOML block, as written."""
+    assert worked_catalogue() == WORKED_SUPPLIERS
 
 
 async def test_demo_shows_every_case_as_expected(running_pair: Running) -> None:
     """``make demo`` against the running pair: every case behaves as the contract says."""
-    await running_pair.line_containing("Ctrl-C stops both")
+    await running_pair.line_containing("Ctrl-C stops all three")
     demo = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -142,15 +170,27 @@ async def test_demo_shows_every_case_as_expected(running_pair: Running) -> None:
         f"http://127.0.0.1:{running_pair.port}",
         "--lab",
         f"http://127.0.0.1:{running_pair.lab_port}",
+        "--dialects",
+        f"http://127.0.0.1:{running_pair.dialects_port}",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
-    out, _ = await asyncio.wait_for(demo.communicate(), 30)
+    # About 20 s; a misbehaving QuoteFlow makes the token cases poll (12 s at most each).
+    out, _ = await asyncio.wait_for(demo.communicate(), 120)
     text = out.decode()
     assert demo.returncode == 0, text
     assert "cases behaved as the contract says" in text
     assert "scenario flaky" in text
     for case in ("a joined call", "a joiner leaves", "a cached quote", "stale covers a 503"):
+        assert case in text
+    for case in (
+        "price break at quantity 1 ",
+        "price break at quantity 10 ",
+        "401, then success",
+        "token expired mid-run",
+        "token endpoint down",
+        "token endpoint back",
+    ):
         assert case in text
     running_pair.process.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(running_pair.process.wait(), 15) == 0
@@ -178,14 +218,15 @@ async def test_a_child_that_cannot_start_stops_the_other() -> None:
     """If the lab's port is taken, ``run_pair`` exits 1 and leaves no QuoteFlow behind."""
     blocker = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
     lab_port = blocker.sockets[0].getsockname()[1]
-    running, reader = await start_pair(lab_port, free_port())
+    running, reader = await start_pair(lab_port, free_port(), free_port())
     try:
         assert await asyncio.wait_for(running.process.wait(), 30) == 1
         # Checked before the teardown, which would stop a QuoteFlow left behind;
         # the children hold the output pipe, so the reader ends once none is left.
         await asyncio.wait_for(asyncio.shield(reader), 10)
-        assert refuses(running.port)
-        assert processes_mentioning(f"--port {running.port}") == []
+        for port in (running.port, running.dialects_port):
+            assert refuses(port)
+            assert processes_mentioning(f"--port {port}") == []
     finally:
         blocker.close()
         await blocker.wait_closed()
