@@ -87,6 +87,8 @@ class AttemptTimeEstimate:
         self._recent: collections.deque[float] = collections.deque(maxlen=window)
         self._percentile = floor
         """The 90th percentile (at least the floor) of the answers and cuts, when last ranked."""
+        self._answers = floor
+        """The same of the answers alone (``answer_time``)."""
         self._changed = False
         """An answer or a cut came since ``_percentile`` was ranked."""
         self._ranked_at = -math.inf
@@ -146,9 +148,29 @@ class AttemptTimeEstimate:
         slowest = max(self._recent) if self._recent else 0.0
         return max(slowest, max(self._cuts) if self._cuts else 0.0)
 
+    @property
+    def answer_time(self) -> float:
+        """The 90th percentile of the recent answers alone (at least the floor), cuts aside.
+
+        What a retry needs: it follows an answer the supplier just gave. A
+        hang's cut attempts, still ranked in ``needed``, must not refuse the
+        retries of a flaky supplier that answers quickly now: its 503s never
+        refute them, and without a retry no quote would come that does.
+        """
+        if self._changed:
+            self._rank(time.monotonic())
+        return self._answers
+
     def _rank(self, now: float) -> None:
         ranked = sorted(itertools.chain(self._recent, self._cuts))  # never empty once changed
         self._percentile = max(self.floor, ranked[int(0.9 * (len(ranked) - 1))])
+        if self._cuts:
+            answers = sorted(self._recent)
+            self._answers = (
+                max(self.floor, answers[int(0.9 * (len(answers) - 1))]) if answers else self.floor
+            )
+        else:
+            self._answers = self._percentile
         self._changed = False
         self._ranked_at = now
 

@@ -499,7 +499,7 @@ class SupplierClient:
                 return backoff, STOPPED_RETRY_AFTER
             backoff = max(backoff, failed.retry_after)
         remaining = deadline - time.monotonic()
-        if remaining < backoff + state.attempt_time.needed:
+        if remaining < backoff + state.attempt_time.answer_time:
             asked_to_wait = failed.retry_after is not None and failed.retry_after > 0
             return backoff, (STOPPED_RETRY_AFTER if asked_to_wait else STOPPED_NO_TIME)
         if not state.retry_budget.try_spend():

@@ -28,7 +28,7 @@ from quoteflow.fleet import FleetSlots
 from quoteflow.models import MovingDeadline
 from quoteflow.slots import OutboundSlots
 from tests.conftest import TEST_CONNECT_TIMEOUT
-from tests.fakes import FakeSuppliers, delay, hang, quote, status
+from tests.fakes import FakeSuppliers, delay, first_time_per_request_id, hang, quote, status
 from tests.redis_server import RedisServer
 from tests.test_breaker import circuit
 from tests.test_fleet import wait_until, workers
@@ -452,3 +452,23 @@ async def test_a_fleet_worker_on_its_own_gives_up_and_hands_on_to_a_patient_wait
     assert (slots.in_use, slots.waiting) == (1, 0)
     slots.release("boreal")
     assert slots.in_use == 0
+
+
+async def test_a_flaky_supplier_after_a_hang_is_retried_again(
+    quoteflow: Any, suppliers: FakeSuppliers
+) -> None:
+    """A hang's cut attempts do not refuse the retries of the 503-then-200 answers after it.
+
+    The cuts stay lower bounds of the slot queue's estimate until a quick 200
+    refutes them, and a 503 never does; a retry is judged by the answers
+    alone, so the first retry brings the 200 that clears them.
+    """
+    client = await quoteflow(breaker_failures=0)
+    suppliers.always("boreal", hang())
+    for _ in range(4):
+        assert code_of(await explain(client), "boreal") == "timeout"
+    suppliers.always("boreal", first_time_per_request_id(status(503), quote()))
+    for _ in range(5):
+        answer = await explain(client)
+        assert code_of(answer, "boreal") is None, bill(answer)
+        assert [a["status"] for a in bill(answer)["attempts"]] == [503, 200]
