@@ -33,14 +33,13 @@ import argparse
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from bench.catalogue import before_tree
+from bench.catalogue import before_tree, measured_run, settle
 from bench.procs import BenchError, Service, free_port, http, start, stop
 from bench.report import Target
 from bench.stats import ratio, spread
@@ -135,15 +134,6 @@ def _quoteflow(
     )
 
 
-def _settle(lab: Service, within_s: float = 10.0) -> None:
-    end = time.monotonic() + within_s
-    idle = 0
-    while idle < 2 and time.monotonic() < end:
-        status, _, body = http("GET", lab.url + "/stats?summary=1")
-        idle = idle + 1 if status == 200 and body["active"] == 0 else 0
-        time.sleep(0.1)
-
-
 def run_order(rounds: int) -> list[str]:
     """Blocks of A B C C B A."""
     return [name for _ in range(rounds) for name in (*CONTENDERS, *reversed(CONTENDERS))]
@@ -212,34 +202,20 @@ def measure(
             )
         runs = []
         for index, name in enumerate(run_order(rounds)):
-            _settle(lab)
+            settle(lab)
             service = services[name]
-            cpu0 = service.cpu()
-            run = run_wrk(
-                wrk,
-                service.url,
-                connections=inbound,
-                duration_s=duration_s,
-                scenario="normal",
-                out_dir=raw_dir,
-                tag=f"apis-{index}-{name}",
+            runs.append(
+                measured_run(
+                    wrk,
+                    service,
+                    contender=name,
+                    index=index,
+                    connections=inbound,
+                    duration_s=duration_s,
+                    out_dir=raw_dir,
+                    section=NAME,
+                )
             )
-            cpu = service.cpu() - cpu0
-            n200 = run.statuses.get(200, 0)
-            record = {
-                "contender": name,
-                "index": index,
-                "rate_200": run.rate(200),
-                "statuses": {str(k): v for k, v in sorted(run.statuses.items())},
-                "cpu_ms_per_200": 1000 * cpu / n200 if n200 else None,
-            }
-            per = record["cpu_ms_per_200"]
-            print(
-                f"  supplier_apis {name:<8}{record['rate_200']:9.1f} 200/s  "
-                f"cpu {'–' if per is None else f'{per:.3f}'} ms per 200",
-                flush=True,
-            )
-            runs.append(record)
         _, _, oauth2 = http("GET", lab.url + "/oauth2")
     finally:
         for service in services.values():

@@ -105,7 +105,7 @@ def _bare(bench: Bench, name: str, lab_url: str, names: tuple[str, ...]) -> Serv
     )
 
 
-def _settle(lab: Service, within_s: float = 10.0) -> None:
+def settle(lab: Service, within_s: float = 10.0) -> None:
     """Until the lab has nothing in flight twice in a row."""
     end = time.monotonic() + within_s
     idle = 0
@@ -113,6 +113,46 @@ def _settle(lab: Service, within_s: float = 10.0) -> None:
         status, _, body = http("GET", lab.url + "/stats")
         idle = idle + 1 if status == 200 and body["active"] == 0 else 0
         time.sleep(0.1)
+
+
+def measured_run(
+    wrk: str,
+    service: Service,
+    *,
+    contender: str,
+    index: int,
+    connections: int,
+    duration_s: float,
+    out_dir: Path,
+    section: str,
+) -> dict[str, Any]:
+    """One wrk run at saturate: answers a second and the service's CPU ms per answer."""
+    cpu0 = service.cpu()
+    run = run_wrk(
+        wrk,
+        service.url,
+        connections=connections,
+        duration_s=duration_s,
+        scenario="normal",
+        out_dir=out_dir,
+        tag=f"{section}-{index}-{contender}",
+    )
+    cpu = service.cpu() - cpu0
+    n200 = run.statuses.get(200, 0)
+    record = {
+        "contender": contender,
+        "index": index,
+        "rate_200": run.rate(200),
+        "statuses": {str(k): v for k, v in sorted(run.statuses.items())},
+        "cpu_ms_per_200": 1000 * cpu / n200 if n200 else None,
+    }
+    per = record["cpu_ms_per_200"]
+    print(
+        f"  {section} {contender:<10}{record['rate_200']:9.1f} 200/s  "
+        f"cpu {'–' if per is None else f'{per:.3f}'} ms per 200",
+        flush=True,
+    )
+    return record
 
 
 def run_order(rounds: int) -> list[str]:
@@ -169,34 +209,20 @@ def run_catalogue(bench: Bench) -> dict[str, Any]:
             )
         runs = []
         for index, name in enumerate(run_order(bench.options.rounds)):
-            _settle(lab)
+            settle(lab)
             service = services[name]
-            cpu0 = service.cpu()
-            run = run_wrk(
-                bench.wrk,
-                service.url,
-                connections=bench.limits.inbound,
-                duration_s=bench.options.duration_s,
-                scenario="normal",
-                out_dir=bench.raw_dir,
-                tag=f"catalogue-{index}-{name}",
+            runs.append(
+                measured_run(
+                    bench.wrk,
+                    service,
+                    contender=name,
+                    index=index,
+                    connections=bench.limits.inbound,
+                    duration_s=bench.options.duration_s,
+                    out_dir=bench.raw_dir,
+                    section="catalogue",
+                )
             )
-            cpu = service.cpu() - cpu0
-            n200 = run.statuses.get(200, 0)
-            record = {
-                "contender": name,
-                "index": index,
-                "rate_200": run.rate(200),
-                "statuses": {str(k): v for k, v in sorted(run.statuses.items())},
-                "cpu_ms_per_200": 1000 * cpu / n200 if n200 else None,
-            }
-            per = record["cpu_ms_per_200"]
-            print(
-                f"  catalogue {name:<8}{record['rate_200']:9.1f} 200/s  "
-                f"cpu {'–' if per is None else f'{per:.3f}'} ms per 200",
-                flush=True,
-            )
-            runs.append(record)
         _, _, answer = http("POST", services["qf7"].url + "/api/quotes", {"quantity": 1})
         seven = isinstance(answer, dict) and len(answer.get("quotes", [])) + len(
             answer.get("failures", [])

@@ -19,7 +19,7 @@ from urllib.parse import unquote_plus
 import attrs
 from aiohttp import web
 
-from tests.catalogue_fakes import offer
+from tests.catalogue_fakes import offer, toml_value
 
 
 @attrs.frozen
@@ -138,23 +138,10 @@ class ForeignApi:
         )
 
 
-def toml(value: Any) -> str:
-    """A Python value as TOML: strings, numbers, booleans, inline tables and arrays."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f'"{k}" = {toml(v)}' for k, v in value.items()) + " }"
-    if isinstance(value, list):
-        return "[ " + ", ".join(toml(v) for v in value) + " ]"
-    return repr(value)
-
-
 def catalogue_text(suppliers: list[dict[str, Any]]) -> str:
     """``suppliers`` as a catalogue file's text."""
     tables = []
     for supplier in suppliers:
-        lines = ["[[supplier]]"] + [f"{k} = {toml(v)}" for k, v in supplier.items()]
+        lines = ["[[supplier]]"] + [f"{k} = {toml_value(v)}" for k, v in supplier.items()]
         tables.append("\n".join(lines))
     return "\n\n".join(tables) + "\n"

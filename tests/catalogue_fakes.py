@@ -103,13 +103,15 @@ def json_answer(obj: Any) -> Answer:
 
 
 def toml_value(value: Any) -> str:
-    """A Python value as TOML (the few types a catalogue uses)."""
+    """A Python value as TOML (the few types a catalogue uses: inline tables and arrays too)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(value, dict):
         return "{ " + ", ".join(f'"{k}" = {toml_value(v)}' for k, v in value.items()) + " }"
+    if isinstance(value, list):
+        return "[ " + ", ".join(toml_value(v) for v in value) + " ]"
     return repr(value)
 
 
