@@ -15,6 +15,7 @@ from aiohttp import web
 from provider_lab import answers
 from provider_lab.app import create_app
 from provider_lab.catalogue import SUPPLIERS, NamesError, check_names, names_from_file
+from provider_lab.contracts import ContractError, parse_contract_spec
 from provider_lab.faults import FaultError, parse_fault_spec
 from provider_lab.state import LabConfig
 from provider_lab.tokens import MAX_TTL, credential_ok
@@ -105,6 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="switch a fault on at start-up, e.g. boreal:http_429:count=2,retry_after=3 "
         "(repeatable; GET /kinds lists kinds)",
     )
+    parser.add_argument(
+        "--contract",
+        action="append",
+        default=[],
+        metavar="SUPPLIER:TERM=VALUE[,...]",
+        help="hold a supplier to a contract from the start, e.g. "
+        "boreal:rate=20/1s,concurrency=4: 429 past the rate (GCRA, a burst of the whole "
+        "quota), 503 past the concurrency (repeatable; PUT /contracts/{supplier} changes it)",
+    )
     parser.add_argument("--seed", type=int, default=None, help="seed for the blip fault's dice")
     parser.add_argument(
         "--client-id",
@@ -188,6 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         faults = tuple(parse_fault_spec(spec, suppliers) for spec in args.fault)
     except FaultError as exc:
         parser.error(f"argument --fault: {exc}")
+    try:
+        contracts = tuple(parse_contract_spec(spec, suppliers) for spec in args.contract)
+    except ContractError as exc:
+        parser.error(f"argument --contract: {exc}")
     config = LabConfig(
         suppliers=suppliers,
         scenario_suppliers=args.scenario_on,
@@ -199,6 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         client_secret=args.client_secret,
         token_ttl=args.token_ttl,
         api_key=args.api_key,
+        contracts=contracts,
     )
     try:
         asyncio.run(serve(config, args.host, args.port, access_log=args.access_log))

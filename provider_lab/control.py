@@ -1,4 +1,4 @@
-"""The control API: faults, latency, credentials of the foreign dialects, statistics.
+"""The control API: faults, latency, contracts, credentials of the foreign dialects, statistics.
 
 Served to loopback clients only (see :func:`provider_lab.app.loopback_only`).
 
@@ -14,10 +14,17 @@ Served to loopback clients only (see :func:`provider_lab.app.loopback_only`).
 ``GET /cache-control``     the ``Cache-Control`` header each supplier sends
 ``PUT /cache-control/{s}`` send ``{"value": "max-age=5, ..."}`` on ``s``'s answers
 ``DELETE /cache-control/{s}``, ``DELETE /cache-control``: send none (one, or all)
-``GET /stats``             in-flight count, per-supplier counts, attempts per id
+``GET /contracts``         every supplier's contract: ``{"rate": "20/1s" | null,
+                           "concurrency": N | null}``
+``PUT /contracts/{s}``     hold ``s`` to ``{"rate": "N/Ws" | null, "concurrency": N |
+                           null}`` (a term left out is null; both null: none)
+``DELETE /contracts/{s}``  ``s`` has no contract
+``DELETE /contracts``      no supplier has a contract
+``GET /stats``             in-flight counts, per-supplier counts, attempts per id, what
+                           the contracts refused, admitted requests per second
                            (``?request_id=ID``: only those ids; ``?summary=1``: none)
-``POST /reset``            zero the statistics, the token endpoint's counts too
-                           (409 while requests are in flight)
+``POST /reset``            zero the statistics, the token endpoint's and the contracts'
+                           counts too (409 while requests are in flight)
 ``GET /oauth2``            the token endpoint: client id, ``expires_in``, fault,
                            fetch counts, last parameters, live tokens (no secret)
 ``PUT /oauth2``            change any of ``client_id``, ``client_secret``,
@@ -40,6 +47,7 @@ import logging
 from aiohttp import web
 
 from provider_lab.answers import json_response
+from provider_lab.contracts import ContractError, contract_from_json
 from provider_lab.faults import SPECS, FaultError, fault_from_json
 from provider_lab.state import STATE
 from provider_lab.tokens import MAX_TTL, credential_ok
@@ -205,6 +213,46 @@ async def clear_all_cache_control(request: web.Request) -> web.Response:
     return json_response(200, {})
 
 
+async def get_contracts(request: web.Request) -> web.Response:
+    """Every supplier's contract (nulls for a supplier without one)."""
+    return json_response(200, request.app[STATE].contracts.snapshot())
+
+
+async def put_contract(request: web.Request) -> web.Response:
+    """Hold one supplier to ``{"rate": "N/Ws" | null, "concurrency": N | null}``.
+
+    A term left out is null; both null removes the contract. A changed rate
+    keeps what the supplier has used of it; one given after none starts afresh.
+    """
+    supplier = _supplier(request)
+    try:
+        contract = contract_from_json(await _json_body(request))
+    except ContractError as exc:
+        raise _error(422, "invalid_contract", detail=exc.problems) from None
+    table = request.app[STATE].contracts
+    table.set(supplier, contract, asyncio.get_running_loop().time())
+    shown = table.shown(supplier)
+    logger.info("contract_set supplier=%s rate=%s concurrency=%s", supplier, *shown.values())
+    return json_response(200, {"supplier": supplier, **shown})
+
+
+async def clear_contract(request: web.Request) -> web.Response:
+    """One supplier has no contract any more."""
+    supplier = _supplier(request)
+    table = request.app[STATE].contracts
+    table.set(supplier, None, asyncio.get_running_loop().time())
+    logger.info("contract_cleared supplier=%s", supplier)
+    return json_response(200, {"supplier": supplier, **table.shown(supplier)})
+
+
+async def clear_contracts(request: web.Request) -> web.Response:
+    """No supplier has a contract any more."""
+    table = request.app[STATE].contracts
+    table.clear()
+    logger.info("contract_cleared supplier=all")
+    return json_response(200, table.snapshot())
+
+
 async def stats(request: web.Request) -> web.Response:
     """What the lab has seen since the last reset.
 
@@ -215,13 +263,17 @@ async def stats(request: web.Request) -> web.Response:
     ids: list[str] | None = query.getall("request_id", None)
     if query.get("summary") in ("1", "true"):
         ids = []
-    return json_response(200, request.app[STATE].stats.to_json(ids))
+    state = request.app[STATE]
+    now = asyncio.get_running_loop().time()
+    return json_response(200, {**state.stats.to_json(ids), **state.contracts.to_json(now)})
 
 
 async def reset(request: web.Request) -> web.Response:
-    """Zero the statistics (the token endpoint's counts too) and the flaky/blip memory.
+    """Zero the statistics (the token endpoint's and the contracts' counts too) and the
+    flaky/blip memory.
 
-    Refused (409) while supplier requests are in flight; faults, tokens and keys stay.
+    Refused (409) while supplier requests are in flight; faults, contracts (and
+    what their rates have used), tokens and keys stay.
     """
     state = request.app[STATE]
     if state.stats.active:
@@ -321,6 +373,10 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_delete("/cache-control", clear_all_cache_control)
     router.add_put("/cache-control/{supplier}", put_cache_control)
     router.add_delete("/cache-control/{supplier}", clear_cache_control)
+    router.add_get("/contracts", get_contracts)
+    router.add_delete("/contracts", clear_contracts)
+    router.add_put("/contracts/{supplier}", put_contract)
+    router.add_delete("/contracts/{supplier}", clear_contract)
     router.add_get("/stats", stats)
     router.add_post("/reset", reset)
     router.add_get("/oauth2", get_oauth2)

@@ -72,6 +72,45 @@ class LabControl:
         """The key the ``path`` dialect wants (``None``: none, every key refused)."""
         await self._call("PUT", "/api-key", {"value": value})
 
+    async def contracts(self) -> dict[str, dict[str, Any]]:
+        """``GET /contracts``: every supplier's ``{"rate": ..., "concurrency": ...}``."""
+        result: dict[str, dict[str, Any]] = await self._call("GET", "/contracts")
+        return result
+
+    async def set_contract(
+        self, supplier: str, *, rate: str | None = None, concurrency: int | None = None
+    ) -> dict[str, Any]:
+        """Hold ``supplier`` to at most ``rate`` (``"20/1s"``) and ``concurrency`` at once.
+
+        Both ``None``: no contract. A changed rate keeps what the supplier has
+        used of it; ``clear_contract`` first to start it afresh.
+        """
+        body = {"rate": rate, "concurrency": concurrency}
+        result: dict[str, Any] = await self._call("PUT", f"/contracts/{supplier}", body)
+        return result
+
+    async def clear_contract(self, supplier: str) -> None:
+        """``supplier`` has no contract any more (its rate starts afresh if given one again)."""
+        await self._call("DELETE", f"/contracts/{supplier}")
+
+    async def clear_contracts(self) -> None:
+        """No supplier has a contract any more."""
+        await self._call("DELETE", "/contracts")
+
+    async def contract_counts(self, supplier: str) -> dict[str, Any]:
+        """``supplier``'s part of ``/stats`` for its contract: ``in_flight``, ``max_in_flight``,
+        ``rate_refused``, ``concurrency_refused`` and ``admitted_per_second`` (60 counts,
+        oldest first, the current second last; ``None`` while it has no contract)."""
+        current = await self._call("GET", "/stats?summary=1")
+        keys = ("in_flight", "max_in_flight", "rate_refused", "concurrency_refused")
+        counts: dict[str, Any] = {key: current[key][supplier] for key in keys}
+        counts["admitted_per_second"] = current["admitted_per_second"].get(supplier)
+        return counts
+
+    async def reset(self) -> None:
+        """``POST /reset``: zero the statistics (contracts and faults stay)."""
+        await self._call("POST", "/reset")
+
     async def stats(self, request_id: str | None = None) -> dict[str, Any]:
         """``GET /stats``, per-id maps limited to ``request_id`` if given."""
         query = "" if request_id is None else f"?request_id={quote(request_id, safe='')}"
@@ -88,14 +127,16 @@ class LabControl:
             await asyncio.sleep(0.02)
 
     async def fresh(self) -> None:
-        """No faults (the token endpoint's too), no added latency, no Cache-Control, nothing
-        in flight, statistics zeroed. Credentials, keys and issued tokens stay as they are."""
+        """No faults (the token endpoint's too), no added latency, no Cache-Control, no
+        contracts, nothing in flight, statistics zeroed. Credentials, keys and issued tokens
+        stay as they are."""
         await self.clear_faults()
         await self.set_token_fault(None)
         await self.set_latency(0)
         await self._call("DELETE", "/cache-control")
+        await self.clear_contracts()
         await self.wait_idle()
-        await self._call("POST", "/reset")
+        await self.reset()
 
     async def attempts(
         self, request_id: str, suppliers: tuple[str, ...] = SUPPLIERS

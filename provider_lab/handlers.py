@@ -3,10 +3,12 @@
 Order of decisions for one request: the dialect reads it (``/quotes/{supplier}``
 here; :mod:`provider_lab.dialects` for the others): unknown supplier (404), a
 request it cannot read (400) → count it → the dialect's credentials (bearer
-token, API key; none for the classic dialect) → the lab-wide latency → the
-supplier's next fault, if any → the scenario (boreal only) → the catalogue
-(404 for an unknown SKU) → the quote, written in the dialect's shape. The
-supplier's ``Cache-Control``, if one is set, goes on whatever answer that is.
+token, API key; none for the classic dialect) → the supplier's contract, if it
+has one (:mod:`provider_lab.contracts`: 503 past its concurrency, 429 past its
+rate) → the lab-wide latency → the supplier's next fault, if any → the scenario
+(boreal only) → the catalogue (404 for an unknown SKU) → the quote, written in
+the dialect's shape. The supplier's ``Cache-Control``, if one is set, goes on
+whatever answer that is.
 """
 
 from __future__ import annotations
@@ -95,10 +97,10 @@ async def quote(request: web.Request) -> web.StreamResponse:
 async def serve(call: Call, gate: Gate | None = None) -> web.StreamResponse:
     """Answer one supplier request read by any dialect: the pipeline every dialect shares.
 
-    Count it in ``/stats`` → ``gate`` (a dialect's credentials) → the latency →
-    the supplier's next fault → the scenario → the catalogue → the quote, written
-    by ``call``'s dialect. The supplier's ``Cache-Control`` goes on whatever
-    answer that is.
+    Count it in ``/stats`` → ``gate`` (a dialect's credentials) → the supplier's
+    contract → the latency → the supplier's next fault → the scenario → the
+    catalogue → the quote, written by ``call``'s dialect. The supplier's
+    ``Cache-Control`` goes on whatever answer that is.
     """
     state = call.state
     headers = call.request.headers
@@ -109,9 +111,20 @@ async def serve(call: Call, gate: Gate | None = None) -> web.StreamResponse:
         headers.get("X-Deadline-Remaining-Ms"),
         headers.get("traceparent"),
     )
+    line = state.contracts.lines[call.supplier]
+    entered = False
     label = _Label()
     try:
         refused = None if gate is None else gate(call)
+        if refused is None:
+            if line.contract is None:
+                # The benchmark's hot path: no contract, only the supplier's in-flight count.
+                line.in_flight += 1
+                if line.in_flight > line.max_in_flight:
+                    line.max_in_flight = line.in_flight
+            else:
+                refused = line.enter(asyncio.get_running_loop().time())
+            entered = refused is None
         what, response = await _decide(call, label) if refused is None else refused
         label.what = what
         cache_control = state.cache_control.get(call.supplier)
@@ -122,6 +135,8 @@ async def serve(call: Call, gate: Gate | None = None) -> web.StreamResponse:
         return response
     finally:
         # Recorded even when aiohttp cancels the handler because the client left.
+        if entered:
+            line.in_flight -= 1
         state.stats.answered(call.supplier, label.what)
         state.stats.finished()
         logger.debug(

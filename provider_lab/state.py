@@ -10,6 +10,7 @@ import attrs
 from aiohttp import web
 
 from provider_lab.catalogue import SUPPLIERS
+from provider_lab.contracts import Contract, ContractTable
 from provider_lab.faults import Fault, FaultTable
 from provider_lab.stats import RecentIds, Stats
 from provider_lab.tokens import TOKEN_LIMIT, TokenKeeper
@@ -40,6 +41,8 @@ class LabConfig:
     token_limit: int = TOKEN_LIMIT
     api_key: str | None = attrs.field(default="lab-key", repr=False)
     """The key the ``path`` dialect wants in ``?key=``; ``None``: every key is refused."""
+    contracts: Sequence[tuple[str, Contract | None]] = ()
+    """Suppliers' contracts at start (a later one for the same supplier replaces it)."""
 
 
 class LabState:
@@ -68,6 +71,11 @@ class LabState:
         """The token endpoint's client, issued tokens and counts (the ``json`` dialect's bearer)."""
         self.api_key = config.api_key
         """The ``path`` dialect's API key, changed live by ``PUT /api-key``."""
+        self.contracts = ContractTable(config.suppliers)
+        """Each supplier's rate and concurrency contract, and its in-flight and refusal counts."""
+        for supplier, contract in config.contracts:
+            # No rate was in force before: the level starts at 0 whatever the time.
+            self.contracts.set(supplier, contract, 0.0)
 
     def other_than(self, supplier: str) -> str:
         """Another supplier's name (the next one the lab serves), for a wrong echo."""
@@ -77,8 +85,10 @@ class LabState:
         return names[(names.index(supplier) + 1) % len(names)]
 
     def reset(self) -> None:
-        """Zero the statistics (the token endpoint's too) and forget which request ids were seen."""
+        """Zero the statistics (the token endpoint's and the contracts' too) and forget which
+        request ids were seen. Contracts, and what their rates have used, stay."""
         self.stats.reset()
+        self.contracts.zero()
         self.flaky_seen.clear()
         self.blip_seen.clear()
         self.tokens.zero()

@@ -92,6 +92,10 @@ async def remote_lab(aiohttp_client: AiohttpClient) -> TestClient[web.Request, w
         ("GET", "/oauth2/tokens"),
         ("GET", "/api-key"),
         ("PUT", "/api-key"),
+        ("GET", "/contracts"),
+        ("PUT", "/contracts/boreal"),
+        ("DELETE", "/contracts/boreal"),
+        ("DELETE", "/contracts"),
         ("GET", "/no-such-path"),
     ],
 )
@@ -367,6 +371,11 @@ async def test_reset_zeroes_stats_and_flaky_memory(lab: LabClient) -> None:
         "attempts": {},
         "attempts_per_supplier": {},
         "headers": {},
+        "in_flight": {"atlas": 0, "boreal": 0, "cedar": 0},
+        "max_in_flight": {"atlas": 0, "boreal": 0, "cedar": 0},
+        "rate_refused": {"atlas": 0, "boreal": 0, "cedar": 0},
+        "concurrency_refused": {"atlas": 0, "boreal": 0, "cedar": 0},
+        "admitted_per_second": {},
     }
     assert (await ask(lab, "boreal", scenario="flaky", request_id="same"))[0] == 503
     assert (await ask(lab, "atlas"))[0] == 500
