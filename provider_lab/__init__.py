@@ -7,5 +7,6 @@ Each supplier answers the classic way (``/quotes/{supplier}``) and in two foreig
 dialects (:mod:`provider_lab.dialects`): POST JSON behind an OAuth2 bearer token
 from the lab's token endpoint (:mod:`provider_lab.oauth2`), and the SKU in the
 path with an API key. :mod:`provider_lab.adapters` reads those dialects as a
-QuoteFlow user's adapter would.
+QuoteFlow user's adapter would. :mod:`provider_lab.contracts` holds a supplier
+to a contract, a rate and a concurrency, in every dialect.
 """

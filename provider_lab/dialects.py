@@ -18,8 +18,9 @@
 Each dialect reads (supplier, SKU, quantity, scenario) its own way — a request
 it cannot read is a ``400 bad_request`` that ``/stats`` does not count, as the
 classic dialect's 400s — checks its own credentials once the request is
-counted, and writes its own good quote and 404. Everything in between (latency,
-faults, scenarios, the catalogue) is :func:`provider_lab.handlers.serve`. The
+counted, and writes its own good quote and 404. Everything in between (the
+supplier's contract, latency, faults, scenarios, the catalogue) is
+:func:`provider_lab.handlers.serve`. The
 prices come from the classic offer (:func:`provider_lab.catalogue.price_breaks`).
 """
 
