@@ -318,6 +318,25 @@ async def test_a_slot_is_free_again_once_its_request_is_answered(lab: LabClient)
     assert (await classic(lab))[0] == 200
 
 
+async def test_a_lowered_concurrency_cuts_nothing_in_flight(lab: LabClient) -> None:
+    """Requests in flight when the concurrency is lowered go on; it is reached as they finish.
+
+    A contract set while requests are in flight counts them too.
+    """
+    await set_fault(lab, "boreal", kind="hang", count=2)
+    held = [asyncio.create_task(classic(lab)) for _ in range(2)]
+    await in_flight_reaches(lab, "boreal", 2)
+    await put_contract(lab, "boreal", {"concurrency": 1})
+    assert (await classic(lab))[0] == 503
+    await release(held[:1])
+    await in_flight_reaches(lab, "boreal", 1)
+    assert (await classic(lab))[0] == 503
+    await release(held[1:])
+    await in_flight_reaches(lab, "boreal", 0)
+    assert (await classic(lab))[0] == 200
+    assert (await stats(lab))["concurrency_refused"]["boreal"] == 2
+
+
 async def test_concurrency_refusals_spend_no_rate_and_rate_refusals_hold_no_slot(
     lab: LabClient,
 ) -> None:
