@@ -321,13 +321,12 @@ async def _coordination(app: web.Application) -> AsyncIterator[None]:
     """
     settings = app[SETTINGS]
     catalogue = app[ROSTER].catalogue
-    # One share and one bucket size for every supplier (options.load_catalogue checks).
-    first = catalogue.suppliers[0]
+    # Each supplier's own share and retry bucket size go to Redis with every sync.
     coordinator = Coordinator(
         settings,
         suppliers=catalogue.names,
-        share=first.share,
-        retry_budget_capacity=first.retry_budget_capacity,
+        shares=catalogue.shares(),
+        capacities={s.name: s.retry_budget_capacity for s in catalogue.suppliers},
     )
     await coordinator.start()
     app[COORDINATOR] = coordinator

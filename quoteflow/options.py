@@ -217,14 +217,6 @@ def load_catalogue(settings: Settings, environ: Mapping[str, str]) -> Catalogue:
         found = catalogue.load(settings.suppliers_file, settings, environ)
     except CatalogueError as exc:
         raise ConfigError(f"supplier catalogue {exc}") from None
-    if settings.redis_url is not None:
-        # Fleet mode keeps one share and one retry bucket size for every supplier in Redis.
-        for field in ("share", "retry_budget_capacity"):
-            if len({getattr(supplier, field) for supplier in found.suppliers}) > 1:
-                raise ConfigError(
-                    f"supplier catalogue {settings.suppliers_file}: {field}: fleet mode "
-                    "(--redis-url) needs the same value for every supplier"
-                )
     return found
 
 

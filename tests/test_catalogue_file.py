@@ -180,11 +180,13 @@ def test_header_values_never_reach_the_starting_event(tmp_path: Path) -> None:
     assert SECRET not in repr(catalogue)
 
 
-def test_fleet_mode_needs_one_share_for_every_supplier(tmp_path: Path) -> None:
-    """Redis keeps one share for all suppliers: a catalogue with two is refused in fleet mode."""
-    text = _entry(name='"atlas"', url=_URL, share="1") + _entry(name='"boreal"', url=_URL)
-    with pytest.raises(ConfigError, match="share: fleet mode"):
-        _load(tmp_path, text, redis_url="redis://127.0.0.1:1/0")
+def test_fleet_mode_serves_suppliers_of_different_shares_and_budgets(tmp_path: Path) -> None:
+    """Each supplier's share and retry bucket go to Redis with every sync: any catalogue serves."""
+    text = _entry(name='"atlas"', url=_URL, share="1", retry_budget_capacity="3") + _entry(
+        name='"boreal"', url=_URL, share="4"
+    )
+    catalogue = _load(tmp_path, text, redis_url="redis://127.0.0.1:1/0")
+    assert catalogue.shares() == {"atlas": 1, "boreal": 4}
 
 
 def test_quoteflow_exits_2_with_one_line_and_no_secret(tmp_path: Path) -> None:

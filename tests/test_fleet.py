@@ -654,7 +654,13 @@ async def test_the_first_sync_back_cannot_shrink_the_count_of_workers() -> None:
     the replies Redis would give: 3 held and 3 waiting must stay 3, not 6.
     """
     slots = FleetSlots(
-        6, 4, SUPPLIERS, need_sync=lambda _: None, lapsed=lambda: None, rejoin=5.0, narrow=0.0
+        6,
+        dict.fromkeys(SUPPLIERS, 4),
+        SUPPLIERS,
+        need_sync=lambda _: None,
+        lapsed=lambda: None,
+        rejoin=5.0,
+        narrow=0.0,
     )
     n = len(SUPPLIERS)
 
@@ -790,3 +796,47 @@ async def test_a_lease_not_renewed_in_time_is_not_used(
             assert named("coordination_down") == [worker.worker_id]
             worker.slots.release("atlas")
             await wait_until(lambda: worker.up, within=2.0)  # and back at the next sync
+
+
+async def test_each_supplier_keeps_its_own_share_fleet_wide_with_redis_up_and_gone(
+    redis_server: RedisServer,
+) -> None:
+    """Shares 1, 4 and 2 on two busy workers: never more in flight, Redis up or stopped.
+
+    With Redis gone each worker keeps to its safe share: 4 → 2 each, 2 → 1
+    each, and the share of 1 to the first worker of the last sync's list
+    only, so it is never 2 in flight.
+    """
+    shares = {"atlas": 1, "boreal": 4, "cedar": 2}
+    settings = fleet_settings(redis_server, budget=0.3, outbound_limit=8)
+    fleet = [Coordinator(settings, suppliers=SUPPLIERS, shares=shares) for _ in range(2)]
+    meter = Meter()
+    try:
+        for worker in fleet:
+            await worker.start()
+        await wait_until(lambda: all(worker.up for worker in fleet))
+        load = [
+            asyncio.create_task(meter.keep_busy(worker, 10, hold=0.01))
+            for worker in fleet
+            for _ in range(16)
+        ]
+        await asyncio.sleep(1.0)
+        assert dict(meter.peak) == shares  # every share reached, none passed
+        await asyncio.to_thread(redis_server.stop)
+        await wait_until(lambda: not any(worker.up for worker in fleet), within=1.0)
+        meter.peak.clear()
+        # On its own, the second worker may send atlas nothing: its attempts
+        # wait (in QuoteFlow, until the deadline or their patience ends).
+        await asyncio.sleep(1.0)
+        for task in load:
+            task.cancel()
+        await asyncio.gather(*load, return_exceptions=True)
+        assert meter.peak["atlas"] <= 1
+        assert meter.peak["boreal"] <= 4
+        assert meter.peak["cedar"] <= 2
+        ranks = sorted(worker.slots.rank for worker in fleet)  # type: ignore[type-var]
+        assert ranks == [0, 1]
+        assert sorted(worker.slots.safe_limits()[1]["atlas"] for worker in fleet) == [0, 1]
+    finally:
+        for worker in fleet:
+            await worker.close()

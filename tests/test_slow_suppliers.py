@@ -439,7 +439,13 @@ async def test_a_waiter_answered_then_cancelled_holds_nothing() -> None:
 async def test_a_fleet_worker_on_its_own_gives_up_and_hands_on_to_a_patient_waiter() -> None:
     """Redis out of reach (the safe share, one slot here): the same rule in the local queue."""
     slots = FleetSlots(
-        2, 1, ["boreal"], need_sync=lambda _: None, lapsed=lambda: None, rejoin=1.0, narrow=0.1
+        2,
+        {"boreal": 1},
+        ["boreal"],
+        need_sync=lambda _: None,
+        lapsed=lambda: None,
+        rejoin=1.0,
+        narrow=0.1,
     )
     slots.go_local()  # never joined: one attempt at a time
     assert await slots.acquire("boreal")

@@ -7,7 +7,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Final
 
@@ -53,12 +53,12 @@ class Coordinator:
         settings: Settings,
         *,
         suppliers: Iterable[str],
-        share: int | None = None,
-        retry_budget_capacity: float | None = None,
+        shares: Mapping[str, int] | None = None,
+        capacities: Mapping[str, float] | None = None,
         worker_id: str | None = None,
     ) -> None:
-        """``suppliers``: the catalogue's names; ``share`` and ``retry_budget_capacity``, one
-        for them all (fleet mode keeps a single value of each), default to the settings'."""
+        """``suppliers``: the catalogue's names; ``shares`` and ``capacities`` (retry bucket
+        sizes), each supplier's own, default to the settings' for every supplier."""
         if settings.redis_url is None:
             raise ValueError("fleet mode needs a redis_url")
         self.worker_id = worker_id or uuid.uuid4().hex
@@ -68,23 +68,24 @@ class Coordinator:
         self._keys = [f"{prefix}:workers", f"{prefix}:state", f"{prefix}:tokens", f"{prefix}:epoch"]
         self.channel = f"{prefix}:freed"
         self._suppliers = tuple(suppliers)
-        if share is None:
-            share = settings.supplier_share or max(
-                1, settings.outbound_limit - (len(self._suppliers) - 1)
-            )
-        self.share = share
-        self.retry_budget_capacity = (
-            settings.retry_budget_capacity
-            if retry_budget_capacity is None
-            else retry_budget_capacity
+        default_share = settings.supplier_share or max(
+            1, settings.outbound_limit - (len(self._suppliers) - 1)
         )
+        self.shares = {
+            supplier: default_share if shares is None else shares[supplier]
+            for supplier in self._suppliers
+        }
+        self.capacities = {
+            supplier: settings.retry_budget_capacity if capacities is None else capacities[supplier]
+            for supplier in self._suppliers
+        }
         self._first_limit = FIRST_SYNC_TRIPS * settings.redis_timeout
         """The time limit of a sync while not up (joining, or coming back)."""
         self._call_most = self._first_limit + LATE_LOOP_MOST
         """The longest one sync may take: its time limit, and what a busy loop may add."""
         self.slots = FleetSlots(
             settings.outbound_limit,
-            share,
+            self.shares,
             self._suppliers,
             need_sync=self.request_sync,
             lapsed=self._lapsed,
@@ -96,7 +97,7 @@ class Coordinator:
         )
         self.budgets = {
             supplier: FleetRetryBudget(
-                self.retry_budget_capacity,
+                self.capacities[supplier],
                 settings.retry_budget_earn,
                 burst=settings.inbound_limit,
                 need_sync=self.request_sync,
@@ -239,13 +240,14 @@ class Coordinator:
     async def _sync(self, *, leaving: bool = False) -> None:
         """One EVALSHA: this worker's whole state in, grants, allowance and tokens out.
 
-        ARGV: worker id, ttl ms, limit, share, want-fresh ms, quiet ms, joined
-        (0/1), leaving (0/1), bucket capacity, channel, n suppliers, may
-        announce ``wanted`` (0/1), then per supplier: name, held, want, tokens
-        deposited, whole tokens to withdraw, tokens in the pool.
+        ARGV: worker id, ttl ms, limit, want-fresh ms, quiet ms, joined (0/1),
+        leaving (0/1), channel, n suppliers, may announce ``wanted`` (0/1),
+        then per supplier: name, held, want, tokens deposited, whole tokens to
+        withdraw, tokens in the pool, its share, its retry bucket's capacity.
         Reply: quiet (0/1), others waiting (0/1), allowed total, live workers,
-        announced ``wanted`` (0/1), then per supplier: granted, allowed, free,
-        grantable (free but for the whole limit), tokens withdrawn, bucket level.
+        announced ``wanted`` (0/1), this worker's rank among them, then per
+        supplier: granted, allowed, free, grantable (free but for the whole
+        limit), tokens withdrawn, bucket level.
         """
         assert self._script is not None
         n = len(self._suppliers)
@@ -258,12 +260,10 @@ class Coordinator:
             self.worker_id,
             round(TTL * 1000),
             self.settings.outbound_limit,
-            self.share,
             round(WANT_FRESH * 1000),
             round(QUIET * 1000),
             int(self.joined),
             int(leaving),
-            f"{self.retry_budget_capacity:.6f}",
             self.channel,
             n,
             # At most one "wanted" per poll: starved workers must not wake
@@ -272,7 +272,16 @@ class Coordinator:
         ]
         for index, supplier in enumerate(self._suppliers):
             deposit, withdraw, pool = tokens[index]
-            args += [supplier, held[index], want[index], f"{deposit:.6f}", withdraw, f"{pool:.6f}"]
+            args += [
+                supplier,
+                held[index],
+                want[index],
+                f"{deposit:.6f}",
+                withdraw,
+                f"{pool:.6f}",
+                self.shares[supplier],
+                f"{self.capacities[supplier]:.6f}",
+            ]
         sent_at = time.monotonic()
         # The time limit is Redis': a reply that came in time but was read
         # late because our loop was busy is not a Redis failure (deadline.py).
@@ -292,7 +301,7 @@ class Coordinator:
         self.workers = int(reply[3])
         if reply[4]:
             self._announced_at = self._loop.time()
-        per = [reply[5 + 6 * index : 11 + 6 * index] for index in range(n)]
+        per = [reply[6 + 6 * index : 12 + 6 * index] for index in range(n)]
         soon = self.slots.apply(
             granted=[int(p[0]) for p in per],
             allowed=[int(p[1]) for p in per],
@@ -302,6 +311,7 @@ class Coordinator:
             others_waiting=bool(reply[1]),
             sent_at=sent_at,
             workers=self.workers,
+            rank=int(reply[5]),
         )
         for index, supplier in enumerate(self._suppliers):
             self.budgets[supplier].apply(int(per[index][4]), float(per[index][5]))

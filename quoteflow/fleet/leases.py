@@ -8,7 +8,7 @@ import contextlib
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from quoteflow.fleet.safe import safe_share
 from quoteflow.fleet.timing import IDLE_SLACK, LEASE_TRUST, LINGER, POLL
@@ -30,7 +30,7 @@ class FleetSlots:
     def __init__(
         self,
         limit: int,
-        share: int,
+        shares: Mapping[str, int],
         suppliers: Iterable[str],
         *,
         need_sync: Callable[[float], None],
@@ -39,10 +39,13 @@ class FleetSlots:
         narrow: float,
     ) -> None:
         self.limit = limit
-        self.share = share
+        self.shares = dict(shares)
+        """Each supplier's share of the fleet's slots, as this worker's catalogue states it."""
         self.mode = JOINING
         self.workers = 0
         """Live workers the last sync saw (0: none yet): the safe share divides by it."""
+        self.rank: int | None = None
+        """This worker's place among them, by id (``safe.safe_share`` for a small share)."""
         self.local_limit = 1
         self.local_share = dict.fromkeys(suppliers, 1)
         """What this worker may use on its own (``LOCAL``): in all, and per supplier."""
@@ -58,7 +61,7 @@ class FleetSlots:
         self.leased = dict.fromkeys(self._held, 0)
         """Slots Redis granted this worker, per supplier; at least ``held`` in fleet mode."""
         self.leased_total = 0
-        self.allowed = dict.fromkeys(self._held, share)
+        self.allowed = {supplier: self.shares[supplier] for supplier in self._held}
         self.allowed_total = limit
         self.free = dict.fromkeys(self._held, 0)
         """Slots the last sync could still have granted us, per supplier."""
@@ -264,7 +267,8 @@ class FleetSlots:
     def safe_limits(self) -> tuple[int, dict[str, int]]:
         """This worker's safe share: of the limit, and of each supplier's share (``safe``)."""
         return safe_share(self.limit, self.workers), {
-            supplier: safe_share(self.share, self.workers) for supplier in self._held
+            supplier: safe_share(self.shares[supplier], self.workers, self.rank)
+            for supplier in self._held
         }
 
     def apply(
@@ -277,6 +281,7 @@ class FleetSlots:
         others_waiting: bool,
         sent_at: float,
         workers: int,
+        rank: int | None = None,
     ) -> float | None:
         """Take a sync's answer: leases in force, grants handed to waiters.
 
@@ -294,6 +299,7 @@ class FleetSlots:
         if capped:
             workers = max(workers, self.workers)
         self.workers = workers
+        self.rank = rank
         self.mode = FLEET
         self.valid_until = sent_at + LEASE_TRUST
         self.allowed_total = allowed_total

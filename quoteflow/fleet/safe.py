@@ -13,20 +13,31 @@ idle at its last sync had a part of 0, one that was busy the whole limit, and
 both may be busy once Redis is gone. Only an equal split holds without
 knowing what the others will do.
 
-More workers than the limit (8 workers, a limit of 6; or more workers than a
-supplier's share): the rounding down gives 0, the floor makes it 1, and the
-fleet may then send one attempt per worker — 8 — until Redis is back. A
-worker never sends nothing, or its every request would end in ``timeout``;
-keep the outbound limit (and each share) at least the number of workers when
-that matters. A worker that has never reached Redis knows no fleet and sends
-one attempt at a time.
+A supplier's share smaller than the workers (a share of 1, 2 workers): the
+rounding down gives 0, and the first ``share`` workers of the last sync's
+list (by worker id) get one slot each, the others none — that supplier is
+then ``timeout`` (or ``no_slot_in_time``) from them while Redis is out, and
+its share holds. More workers than the outbound limit (8 workers, a limit of
+6): the floor makes it 1, and the fleet may send one attempt per worker — 8
+— until Redis is back; a worker that could send nothing at all would answer
+every request with nothing but failures. A worker that has never reached
+Redis knows no fleet and sends one attempt at a time.
 """
 
 from __future__ import annotations
 
 
-def safe_share(limit: int, workers: int) -> int:
-    """One worker's part of ``limit`` among ``workers`` (0: unknown) when on its own."""
+def safe_share(limit: int, workers: int, rank: int | None = None) -> int:
+    """One worker's part of ``limit`` among ``workers`` (0: unknown) when on its own.
+
+    ``rank``: this worker's place among them (0 first), for a supplier's
+    share smaller than the workers: then the first ``limit`` workers get one
+    slot each and the others none, so a share of 1 is never 2 in flight.
+    Without it (the outbound limit), at least 1.
+    """
     if workers <= 0:
         return 1
-    return max(1, limit // workers)
+    part = limit // workers
+    if part or rank is None:
+        return max(1, part)
+    return 1 if rank < limit else 0

@@ -1,15 +1,20 @@
 local id = ARGV[1]
-local ttl, limit, share = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local fresh, quiet_ms = tonumber(ARGV[5]), tonumber(ARGV[6])
-local joined, bye = ARGV[7] == '1', ARGV[8] == '1'
-local may_announce = ARGV[12] == '1'
-local capacity, channel, n = tonumber(ARGV[9]), ARGV[10], tonumber(ARGV[11])
+local ttl, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
+local fresh, quiet_ms = tonumber(ARGV[4]), tonumber(ARGV[5])
+local joined, bye = ARGV[6] == '1', ARGV[7] == '1'
+local channel, n = ARGV[8], tonumber(ARGV[9])
+local may_announce = ARGV[10] == '1'
+-- Each supplier's own share and retry bucket size come with every call, as
+-- this worker's catalogue states them: Redis keeps no limit of its own, so a
+-- reload that changes one needs nothing but the next call (redis-cell's way).
 local names, held, want, deposit, withdraw, pool = {}, {}, {}, {}, {}, {}
+local shares, capacities = {}, {}
 for i = 1, n do
-  local b = 12 + 6 * (i - 1)
+  local b = 10 + 8 * (i - 1)
   names[i], held[i], want[i] = ARGV[b + 1], tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
   deposit[i], withdraw[i] = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
-  pool[i] = tonumber(ARGV[b + 6])
+  pool[i], shares[i], capacities[i] = tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7]),
+    tonumber(ARGV[b + 8])
 end
 
 -- "atlas 2 1 0.5 boreal 0 0 3 cedar 1 0 2 <ms>" -> {name -> {held, want, pool}}, ms
@@ -104,7 +109,7 @@ local levels = redis.call('HMGET', KEYS[3], unpack(names))
 local taken, level = {}, {}
 local writes = {}
 for i = 1, n do
-  local room = math.max(0, capacity - pools[names[i]] - pool[i])
+  local room = math.max(0, capacities[i] - pools[names[i]] - pool[i])
   local l = math.min(room, (tonumber(levels[i]) or room) + deposit[i])
   local t = 0
   if not bye then t = math.max(0, math.min(withdraw[i], math.floor(l))) end
@@ -123,7 +128,7 @@ if bye then
   for i = 1, n do none[i] = 0 end
   lower(none)
   publish()
-  return {0, 0, 0, #others}
+  return {0, 0, 0, #others, 0, 0}
 end
 
 local mine, my_demand = 0, 0
@@ -171,7 +176,7 @@ end
 
 local allowed_total = fill(limit, my_demand, nil)
 local allowed = {}
-for i = 1, n do allowed[i] = fill(share, held[i] + want[i], names[i]) end
+for i = 1, n do allowed[i] = fill(shares[i], held[i] + want[i], names[i]) end
 
 -- (6) Grants, one slot at a time, each to the wanted supplier this worker
 -- holds fewest of (ties rotate): every request asks every supplier, so a
@@ -180,7 +185,7 @@ local granted, room, cap = {}, {}, {}
 local room_total, cap_total = limit - total_all, math.huge
 for i = 1, n do
   granted[i] = 0
-  room[i] = share - held_all[names[i]]
+  room[i] = shares[i] - held_all[names[i]]
   cap[i] = math.huge
   if others_want > 0 then cap[i] = allowed[i] - held[i] end
 end
@@ -238,8 +243,15 @@ redis.call('PEXPIRE', KEYS[2], 10 * ttl)
 
 local announced = publish()
 
+-- This worker's place among the live ones, by id: while Redis is out, a share
+-- smaller than the workers goes one slot each to the first ``share`` (safe.py).
+local rank = 0
+for _, o in ipairs(others) do
+  if o.id < id then rank = rank + 1 end
+end
+
 local reply = {quiet and 1 or 0, others_want > 0 and 1 or 0, allowed_total, #others + 1,
-  announced}
+  announced, rank}
 for i = 1, n do
   local free = math.max(0, math.min(room[i], room_total, cap[i], cap_total))
   -- Could have been granted, were the limit not full: worth trading a slot for.
