@@ -480,6 +480,7 @@ def _supplier_session(
                 service,
                 telemetry,
                 slots=slots if isinstance(slots, OutboundSlots) else None,
+                coordinator=app.get(COORDINATOR),
             )
             telemetry.add(
                 ReadCounter(

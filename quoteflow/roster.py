@@ -9,6 +9,8 @@ catalogue in one go, with no ``await`` in between:
     client    a new entry per supplier (URL, headers, timeouts, adapter); a
               supplier that stays keeps its retry budget and attempt times
     slots     the new shares; a supplier that stays keeps the slots it holds
+              (fleet mode: the coordinator sends the new shares and retry
+              buckets with its next sync; Redis keeps no limit of its own)
     service   a new ``Lineup``: the names in order, and the breakers (one that
               stays with the same threshold keeps its breaker, state and all)
     metrics   the per-supplier gauges follow the new names
@@ -33,6 +35,7 @@ import attrs
 from quoteflow.breaker import Breakers
 from quoteflow.catalogue import Catalogue
 from quoteflow.config import Settings
+from quoteflow.fleet import Coordinator
 from quoteflow.logs import log_event
 from quoteflow.observe import Telemetry
 from quoteflow.options import ConfigError, load_catalogue
@@ -52,6 +55,8 @@ class _Parts:
     telemetry: Telemetry
     slots: OutboundSlots | None
     """This process's slots; ``None`` in fleet mode (Redis holds them)."""
+    coordinator: Coordinator | None = None
+    """Fleet mode's link to Redis: the shares and retry buckets it sends with every sync."""
 
 
 class SupplierRoster:
@@ -89,9 +94,10 @@ class SupplierRoster:
         telemetry: Telemetry,
         *,
         slots: OutboundSlots | None,
+        coordinator: Coordinator | None = None,
     ) -> None:
         """Keep these parts in step with the catalogue; ``slots`` is None in fleet mode."""
-        self._parts = _Parts(client, service, telemetry, slots)
+        self._parts = _Parts(client, service, telemetry, slots, coordinator)
         self._watch(self._parts)
 
     def stop(self) -> None:
@@ -102,10 +108,7 @@ class SupplierRoster:
 
     def reload(self) -> None:
         """Re-read the file and serve it; ``ConfigError`` (nothing changed) if it fails a check."""
-        found = load_catalogue(self.settings, self._environ)
-        if self.settings.redis_url is not None:
-            self._check_fleet(found)
-        self.use(found)
+        self.use(load_catalogue(self.settings, self._environ))
 
     def use(self, catalogue: Catalogue) -> None:
         """Serve ``catalogue`` from the next request on."""
@@ -114,7 +117,14 @@ class SupplierRoster:
             raise ConfigError("the app has not started: nothing to reload yet")
         old, self.catalogue = self.catalogue, catalogue
         removed = tuple(name for name in old.names if name not in catalogue.names)
-        parts.client.use(catalogue)
+        if parts.coordinator is not None:
+            parts.coordinator.retarget(
+                catalogue.shares(),
+                {s.name: s.retry_budget_capacity for s in catalogue.suppliers},
+            )
+            parts.client.use(catalogue, parts.coordinator.budgets)
+        else:
+            parts.client.use(catalogue)
         if parts.slots is not None:
             parts.slots.retarget(catalogue.shares())
         parts.service.use(self.lineup(parts.telemetry, previous=parts.service.lineup))
@@ -146,6 +156,8 @@ class SupplierRoster:
         parts.client.forget(gone)
         if parts.slots is not None:
             parts.slots.forget(gone)
+        if parts.coordinator is not None:
+            parts.coordinator.forget(gone)
         parts.telemetry.forget_suppliers(gone)
 
     def _watch(self, parts: _Parts) -> None:
@@ -156,21 +168,3 @@ class SupplierRoster:
             circuit_state=None if breakers is None else breakers.state,
             with_circuit=() if breakers is None else breakers.suppliers,
         )
-
-    def _check_fleet(self, found: Catalogue) -> None:
-        """Fleet mode holds each supplier's slots and retry bucket in Redis, set at start-up."""
-        old = self.catalogue
-        for what, before, after in (
-            ("the supplier names", old.names, found.names),
-            ("the shares", old.shares(), found.shares()),
-            (
-                "the retry budgets",
-                [s.retry_budget_capacity for s in old.suppliers],
-                [s.retry_budget_capacity for s in found.suppliers],
-            ),
-        ):
-            if before != after:
-                raise ConfigError(
-                    f"supplier catalogue {found.path}: fleet mode (--redis-url) changes "
-                    f"{what} only when a worker starts (gunicorn's HUP)"
-                )

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp import AiohttpClient, AiohttpServer
+from redis.asyncio import Redis
 
-from quoteflow.app import ROSTER, create_app
+from quoteflow.app import COORDINATOR, ROSTER, create_app
 from quoteflow.config import Settings
 from quoteflow.options import load_catalogue
 from quoteflow.reload import reload_all
@@ -186,14 +187,18 @@ async def test_without_a_file_there_is_nothing_to_reload(
     assert client.app[ROSTER].catalogue.names == ("atlas", "boreal", "cedar")
 
 
-async def test_fleet_mode_reloads_urls_but_not_names(
+async def test_fleet_mode_reloads_names_shares_and_budgets_live(
     fake: NamedSuppliers,
     write: Write,
     aiohttp_client: AiohttpClient,
     redis_server: RedisServer,
-    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """With Redis, a SIGHUP may move a supplier's URL; a change of names waits for a restart."""
+    """With Redis, a SIGHUP may add and remove suppliers and change shares and retry budgets.
+
+    The next request asks the new catalogue; the worker's next syncs send the
+    new shares and buckets (Redis keeps none of its own), and a removed
+    supplier leaves Redis' record of this worker once no request can ask it.
+    """
     path = write("old", "stays")
     settings = Settings(
         budget=TEST_BUDGET,
@@ -204,23 +209,22 @@ async def test_fleet_mode_reloads_urls_but_not_names(
     )
     app = create_app(settings, catalogue=load_catalogue(settings, {}), environ={})
     client = await aiohttp_client(app)
-    write("stays", "new")
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="quoteflow"):
-        reload_all(client.app)
-    (error,) = [
-        r.fields["error"]  # type: ignore[attr-defined]
-        for r in caplog.records
-        if getattr(r, "event", None) == "reload_refused"
-    ]
-    assert "fleet mode (--redis-url) changes the supplier names only when" in error
     assert sorted(await _suppliers_of(client)) == ["old", "stays"]
-    # The same names at a new URL (the same server under another path) are taken at once.
-    _write(
-        path,
-        "".join(
-            f'[[supplier]]\nname = "{n}"\nurl = "{fake.url}q/{n}/"\n' for n in ("old", "stays")
-        ),
-    )
+    write("stays", "new", stays={"share": 1, "retry_budget_capacity": 3}, new={"share": 2})
     reload_all(client.app)
-    assert client.app[ROSTER].catalogue.suppliers[0].url.endswith("/q/old/")
+    assert sorted(await _suppliers_of(client)) == ["new", "stays"]
+    coordinator = client.app[COORDINATOR]
+    assert coordinator.shares["stays"] == 1
+    assert coordinator.budgets["stays"].capacity == 3
+    assert coordinator.shares["new"] == 2
+    # Five requests at once: "stays" never has more than its new share in flight.
+    fake.answers["stays"] = after(0.05)
+    await asyncio.gather(*(_suppliers_of(client) for _ in range(5)))
+    assert fake.max_in_flight["stays"] == 1
+    await asyncio.sleep(TEST_BUDGET + 1.2)  # "old" is forgotten one budget (and a second) after
+    assert "old" not in coordinator.slots.suppliers
+    async with Redis.from_url(redis_server.url) as redis:
+        records = await redis.hgetall("quoteflow:state")
+    [record] = records.values()
+    assert b"old" not in record
+    assert b"new" in record

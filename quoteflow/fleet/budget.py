@@ -35,6 +35,7 @@ class FleetRetryBudget:
     ) -> None:
         self.capacity = capacity
         self.earn_per_request = earn_per_request
+        self._burst = burst
         self.target = min(capacity, max(2.0, burst))
         self.local = RetryBudget(capacity, earn_per_request)
         self.fleet = False
@@ -44,6 +45,15 @@ class FleetRetryBudget:
         """The fleet bucket's level at the last sync."""
         self._surplus = 0.0
         self._need_sync = need_sync
+
+    def resize(self, capacity: float) -> None:
+        """A reload's bucket size: sent with the next sync; the local bucket follows now."""
+        self.capacity = capacity
+        self.target = min(capacity, max(2.0, self._burst))
+        self.local.capacity = min(self.local.capacity, capacity)
+        self.local.tokens = min(self.local.tokens, self.local.capacity)
+        self.pool = min(self.pool, capacity)
+        self._need_sync(0.0)
 
     @property
     def tokens(self) -> float:

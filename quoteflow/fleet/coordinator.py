@@ -232,6 +232,40 @@ class Coordinator:
             self._set_due(now + (HEARTBEAT if self.up else RECONNECT))
             await self._sync()
 
+    def retarget(self, shares: Mapping[str, int], capacities: Mapping[str, float]) -> None:
+        """A reload's suppliers, shares and retry buckets, sent with the next sync.
+
+        Redis keeps no limit of its own: what each worker sends is what holds,
+        so while workers of two catalogues overlap a supplier's share holds at
+        the larger of the two, and the outbound limit always.
+        """
+        self.slots.retarget(shares)
+        for supplier, capacity in capacities.items():
+            self.shares[supplier] = shares[supplier]
+            self.capacities[supplier] = capacity
+            budget = self.budgets.get(supplier)
+            if budget is None:
+                self.budgets[supplier] = FleetRetryBudget(
+                    capacity,
+                    self.settings.retry_budget_earn,
+                    burst=self.settings.inbound_limit,
+                    need_sync=self.request_sync,
+                )
+            elif budget.capacity != capacity:
+                budget.resize(capacity)
+        self._suppliers = self.slots.suppliers
+
+    def forget(self, suppliers: Iterable[str]) -> None:
+        """Drop suppliers a reload removed, once no request can still ask them."""
+        gone = tuple(suppliers)
+        self.slots.forget(gone)
+        self._suppliers = self.slots.suppliers
+        for supplier in gone:
+            if supplier not in self._suppliers:
+                self.budgets.pop(supplier, None)
+                self.shares.pop(supplier, None)
+                self.capacities.pop(supplier, None)
+
     def _worth(self, since: float) -> bool:
         return self.slots.worth_syncing(since) or any(
             budget.wants_tokens for budget in self.budgets.values()

@@ -264,6 +264,57 @@ class FleetSlots:
             trimmed = True
         return trimmed
 
+    def retarget(self, shares: Mapping[str, int]) -> None:
+        """A reload's shares from now on; a supplier new to this worker starts with nothing.
+
+        A lowered share is reached as leases lapse and attempts end, never by
+        cutting one in flight (Doorman's rule): the next syncs grant against
+        the new share, and what is held above it goes back when released.
+        A supplier the reload removed keeps its entry until ``forget``.
+        """
+        for supplier, share in shares.items():
+            self.shares[supplier] = share
+            if supplier not in self._held:
+                self._held[supplier] = self.leased[supplier] = 0
+                self.allowed[supplier] = share
+                self.free[supplier] = self.grantable[supplier] = self.unmet[supplier] = 0
+                self._idle_since[supplier] = None
+                self._reported[supplier] = self._recorded[supplier] = 0
+                self._waiting[supplier] = collections.deque()
+                self.local_share[supplier] = 1 if self.mode == JOINING else 0
+                if self.mode == LOCAL:
+                    self.local_share[supplier] = self.safe_limits()[1][supplier]
+            else:
+                self.allowed[supplier] = min(self.allowed[supplier], share)
+        self._need_sync(0.0)
+
+    def forget(self, suppliers: Iterable[str]) -> None:
+        """Drop suppliers a reload removed, once no request can still ask them."""
+        for supplier in suppliers:
+            if supplier in self._held and not self._held[supplier]:
+                for table in (
+                    self._held,
+                    self.leased,
+                    self.allowed,
+                    self.free,
+                    self.grantable,
+                    self.unmet,
+                    self._idle_since,
+                    self._reported,
+                    self._recorded,
+                    self._waiting,
+                    self.local_share,
+                    self.shares,
+                ):
+                    table.pop(supplier, None)
+        self.leased_total = sum(self.leased.values())
+        self._need_sync(0.0)
+
+    @property
+    def suppliers(self) -> tuple[str, ...]:
+        """The suppliers this worker holds slots for, in the order ``report`` gives them."""
+        return tuple(self._held)
+
     def safe_limits(self) -> tuple[int, dict[str, int]]:
         """This worker's safe share: of the limit, and of each supplier's share (``safe``)."""
         return safe_share(self.limit, self.workers), {
