@@ -40,6 +40,7 @@ from quoteflow.options import (
     metrics_dir,
     settings_from_environ,
 )
+from quoteflow.pauses import Pauses
 from quoteflow.reload import register
 from quoteflow.retry import RetryLimiter
 from quoteflow.roster import SupplierRoster
@@ -58,6 +59,8 @@ SUPPLIER_CLIENT = web.AppKey("supplier_client", SupplierClient)
 ROSTER = web.AppKey("roster", SupplierRoster)
 """The catalogue served now, and what reloads it."""
 COORDINATOR = web.AppKey("coordinator", Coordinator)
+PAUSES = web.AppKey("pauses", Pauses)
+"""Suppliers paused after a 429 with ``Retry-After``: one board for the process."""
 """Fleet mode only (``redis_url`` set): this worker's link to the others through Redis."""
 
 GatewayFactory = Callable[[SupplierGateway], SupplierGateway]
@@ -110,6 +113,7 @@ def create_app(
             raise ValueError("create_app: pass the catalogue of settings.suppliers_file")
         catalogue = load_catalogue(settings, environ)  # the default: no file, no I/O
     roster = app[ROSTER] = SupplierRoster(settings, catalogue, environ)
+    app[PAUSES] = Pauses(settings.pause_max)
     if settings.suppliers_file is not None:
         register(app, roster)
     app[handlers.BODY_TIMEOUT] = settings.body_timeout
@@ -327,6 +331,7 @@ async def _coordination(app: web.Application) -> AsyncIterator[None]:
         suppliers=catalogue.names,
         shares=catalogue.shares(),
         capacities={s.name: s.retry_budget_capacity for s in catalogue.suppliers},
+        pauses=app[PAUSES],
     )
     await coordinator.start()
     app[COORDINATOR] = coordinator
@@ -456,6 +461,7 @@ def _supplier_session(
                 retry_budgets=budgets,
                 attempts=tracer,
                 keep_cache_control=settings.cache_size > 0,
+                pauses=app[PAUSES],
             )
             telemetry = app[handlers.TELEMETRY]
             shared, cache = _sharing(settings, client, telemetry)
@@ -490,10 +496,32 @@ def _supplier_session(
                     lambda: {key: float(n) for key, n in client.token_fetches.items()},
                 )
             )
+            pauses = app[PAUSES]
+            paused = PlainGauge(
+                "quoteflow_supplier_pause_seconds",
+                "Seconds left of each supplier's pause after a 429 with Retry-After.",
+                ("supplier",),
+                host_mode="livemax",  # paused on one worker is paused on all, as Redis tells them
+            )
+
+            def show_pause(supplier: str) -> None:
+                paused.readers.setdefault((supplier,), functools.partial(pauses.left, supplier))
+
+            pauses.on_start = show_pause
+            telemetry.add(
+                paused,
+                ReadCounter(
+                    "quoteflow_supplier_pauses",
+                    "Pauses of a supplier that answered a 429 with Retry-After, as they began.",
+                    ("supplier",),
+                    lambda: {(s,): float(n) for s, n in pauses.started.items()},
+                ),
+            )
             try:
                 yield
             finally:
                 roster.stop()
+                pauses.close()
                 await client.close()
 
     return session_ctx

@@ -62,7 +62,14 @@ from typing import Final
 
 import attrs
 
-from quoteflow.models import TIMEOUT, TRANSPORT_ERROR, AttemptRecord, Failure, SupplierQuote
+from quoteflow.models import (
+    RATE_LIMITED,
+    TIMEOUT,
+    TRANSPORT_ERROR,
+    AttemptRecord,
+    Failure,
+    SupplierQuote,
+)
 
 
 class State(enum.IntEnum):
@@ -107,6 +114,9 @@ def verdict(outcome: SupplierQuote | Failure | None, attempts: list[AttemptRecor
         return Verdict.UNKNOWN
     if isinstance(outcome, SupplierQuote):
         return Verdict.SUCCESS
+    if isinstance(outcome, Failure) and outcome.code == RATE_LIMITED:
+        # Paused before a retry: judged by the attempt before the pause.
+        return _judge_code(attempts[-1].outcome)
     if outcome is None and attempts[-1].cut_short:
         # Not the supplier's failure: judge what it did before, if anything.
         return _judge_code(attempts[-2].outcome) if len(attempts) > 1 else Verdict.UNKNOWN

@@ -72,6 +72,8 @@ class Settings:
     min_attempt_time: float = attrs.field(default=0.05, validator=v.ge(0))
     """Least budget a second attempt must have left (after its backoff) to be started."""
     retry_after_cap: float = attrs.field(default=0.5, validator=v.ge(0))
+    pause_max: float = attrs.field(default=60.0, validator=_positive)
+    """Longest a supplier's 429 ``Retry-After`` pauses it for (``pauses.py``)."""
     """Longest ``Retry-After`` a 503 may ask for and still be retried."""
     retry_budget_capacity: float = attrs.field(default=20.0, validator=v.ge(1))
     """Retries a supplier may spend in a burst before they must pay off."""

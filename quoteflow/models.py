@@ -18,6 +18,9 @@ TIMEOUT = "timeout"
 """The request's deadline came before the supplier gave a final answer."""
 CIRCUIT_OPEN = "circuit_open"
 """The supplier kept failing: its circuit is open and it was not asked (``breaker.py``)."""
+RATE_LIMITED = "rate_limited"
+"""The supplier was not asked: it answered a 429 with ``Retry-After`` lately, and that
+time is not over (``pauses.py``). Never retried, never counted by its breaker."""
 AUTH_FAILED = "auth_failed"
 """No OAuth2 token for the supplier in time: its token endpoint is down, slow or refuses
 QuoteFlow's credentials (``tokens.py``). Not the supplier's failure, never retried."""
@@ -169,6 +172,8 @@ STOPPED_NO_SLOT_IN_TIME = "no_slot_in_time"
 """An attempt waited for an outbound slot until the deadline no longer left it the
 time the supplier needs: it gave its place up and the supplier was answered at once
 (``timeout`` for a first attempt, the last attempt's code for a retry)."""
+STOPPED_PAUSED = "paused"
+"""The supplier is paused after a 429 with ``Retry-After`` (``rate_limited``): not asked."""
 STOPPED_NO_TOKEN = "no_token"
 """The supplier's OAuth2 token did not come (``auth_failed``): no attempt was sent."""
 STOPPED_RETRY_AFTER = "retry_after"

@@ -45,11 +45,13 @@ from quoteflow.models import (
     AUTH_FAILED,
     INVALID_DATA,
     OK,
+    RATE_LIMITED,
     STOPPED_ATTEMPTS_EXHAUSTED,
     STOPPED_NO_SLOT_IN_TIME,
     STOPPED_NO_TIME,
     STOPPED_NO_TOKEN,
     STOPPED_NOT_RETRYABLE,
+    STOPPED_PAUSED,
     STOPPED_RETRY_AFTER,
     STOPPED_RETRY_BUDGET,
     STOPPED_SUCCESS,
@@ -64,6 +66,7 @@ from quoteflow.models import (
     SupplierTrace,
     http_failure_code,
 )
+from quoteflow.pauses import Pauses, pause_for
 from quoteflow.retry import AttemptTimeEstimate, RetryBudget, RetryLimiter, retry_after_delay
 from quoteflow.slots import OutboundLimiter, OutboundSlots
 from quoteflow.templates import Shaped
@@ -131,6 +134,8 @@ _NO_SLOT_IN_TIME: Final = _AttemptResult(None, TIMEOUT)
 """An attempt that gave its place in the slot queue up: it was never sent."""
 _NO_TOKEN: Final = _AttemptResult(None, AUTH_FAILED)
 """An attempt that got no OAuth2 token: it was never sent."""
+_PAUSED: Final = _AttemptResult(None, RATE_LIMITED)
+"""An attempt not sent: the supplier is paused after a 429 with ``Retry-After``."""
 
 
 @attrs.frozen
@@ -322,8 +327,11 @@ class SupplierClient:
         retry_budgets: Mapping[str, RetryLimiter] | None = None,
         attempts: AttemptListener | None = None,
         keep_cache_control: bool = False,
+        pauses: Pauses | None = None,
     ) -> None:
         self._session = session
+        self.pauses = pauses or Pauses(settings.pause_max)
+        """Suppliers paused after a 429 with ``Retry-After`` (shared by the fleet's workers)."""
         self.token_fetches = {}
         self._retired: set[TokenKeeper] = set()
         """Keepers a reload replaced: a fetch of theirs may still run until shutdown."""
@@ -464,6 +472,10 @@ class SupplierClient:
                 trace.stopped = STOPPED_NO_TOKEN  # auth_failed: not the supplier's doing
                 result = tried
                 break
+            if tried is _PAUSED:
+                trace.stopped = STOPPED_PAUSED  # it asked not to be called until then
+                result = tried
+                break
             result = tried
             if attempt > 1 and result.quote is not None:
                 state.retry_budget.paid_off()
@@ -518,6 +530,9 @@ class SupplierClient:
         # wait the deadline (or the caller leaving) cancels never reached the
         # supplier: it is not an attempt, and goes on no bill.
         patience = call if state.attempt_time.seen and not trace.probe else None
+        pauses = self.pauses
+        if pauses.until(trace.supplier) is not None:
+            return _PAUSED
         authorization = None
         if state.tokens is not None:
             # Before the slot: a wait for the token holds none of the outbound capacity.
@@ -530,6 +545,10 @@ class SupplierClient:
         if not await self._slots.acquire(trace.supplier, patience):
             trace.gave_up_after = time.monotonic() - waiting_since
             return _NO_SLOT_IN_TIME
+        if pauses.until(trace.supplier) is not None:
+            # Paused while this attempt waited: the wave that got the 429 was enough.
+            self._slots.release(trace.supplier)
+            return _PAUSED
         try:
             started = time.monotonic()
             headers = {
@@ -633,6 +652,11 @@ class SupplierClient:
                 )
             ) as response:
                 if response.status != 200:
+                    if response.status == 429:
+                        # With Retry-After: nobody asks it again until then (pauses.py).
+                        asked_to_wait = pause_for(response.headers.get("Retry-After"), time.time())
+                        if asked_to_wait is not None:
+                            self.pauses.pause(state.spec.name, asked_to_wait)
                     if response.status == 401 and authorization is not None:
                         assert state.tokens is not None
                         state.tokens.drop(authorization)

@@ -34,6 +34,7 @@ LAYERS = [
     "supplier",
     "tokens",
     "fleet",
+    "pauses",
     "slots",
     "retry",
     "catalogue",

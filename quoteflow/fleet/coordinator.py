@@ -29,6 +29,7 @@ from quoteflow.fleet.timing import (
     WANT_FRESH,
 )
 from quoteflow.logs import log_event
+from quoteflow.pauses import Pauses
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -56,6 +57,7 @@ class Coordinator:
         shares: Mapping[str, int] | None = None,
         capacities: Mapping[str, float] | None = None,
         worker_id: str | None = None,
+        pauses: Pauses | None = None,
     ) -> None:
         """``suppliers``: the catalogue's names; ``shares`` and ``capacities`` (retry bucket
         sizes), each supplier's own, default to the settings' for every supplier."""
@@ -104,6 +106,10 @@ class Coordinator:
             )
             for supplier in self._suppliers
         }
+        self.pauses = pauses
+        """Suppliers paused after a 429: a pause one worker learns, it tells every other."""
+        if pauses is not None:
+            pauses.announce = self.announce_pause
         self.up = False
         """The last sync succeeded: leases are in force."""
         self.joined = False
@@ -266,6 +272,32 @@ class Coordinator:
                 self.shares.pop(supplier, None)
                 self.capacities.pop(supplier, None)
 
+    def announce_pause(self, supplier: str, seconds: float) -> None:
+        """Tell every worker that ``supplier`` asked (429 ``Retry-After``) to wait ``seconds``."""
+        if self._redis is None or self._closing:
+            return  # on its own, the pause is this worker's; the others learn from their 429
+        message = f"paused {self.worker_id} {supplier} {round(seconds * 1000)}"
+        self._spawn(self._publish(message), "quoteflow-fleet-pause")
+
+    async def _publish(self, message: str) -> None:
+        assert self._redis is not None
+        try:
+            async with asyncio.timeout(self.settings.redis_timeout * 4):
+                await self._redis.publish(self.channel, message)
+        except self._errors:
+            pass  # the others learn from their own next 429
+
+    def _paused_elsewhere(self, data: bytes) -> None:
+        """``paused <worker> <supplier> <ms>``: another worker's supplier asked to wait."""
+        if self.pauses is None:
+            return
+        parts = data.split(b" ")
+        if len(parts) != 4 or parts[1] == self._id_bytes or not parts[3].isdigit():
+            return
+        supplier = parts[2].decode(errors="replace")
+        if supplier in self.shares:
+            self.pauses.pause(supplier, int(parts[3]) / 1000, told_by="fleet")
+
     def _worth(self, since: float) -> bool:
         return self.slots.worth_syncing(since) or any(
             budget.wants_tokens for budget in self.budgets.values()
@@ -426,8 +458,11 @@ class Coordinator:
                     )
                     if message is None:
                         continue
-                    kind, _, sender = bytes(message["data"]).partition(b" ")
-                    if sender != self._id_bytes and self.slots.heard(kind):
+                    data = bytes(message["data"])
+                    kind, _, sender = data.partition(b" ")
+                    if kind == b"paused":
+                        self._paused_elsewhere(data)
+                    elif sender != self._id_bytes and self.slots.heard(kind):
                         self.request_sync(0.0, force=True)
             except self._errors:
                 pass
