@@ -137,7 +137,8 @@ CASES: Final[Sequence[Case]] = (
     ),
     Case(
         "http_429 Retry-After: 1",
-        "429 is final inside the budget, Retry-After or not: one attempt",
+        "429 is final inside the budget: one attempt; its Retry-After pauses boreal for 1 s"
+        " for every request (rate_limited at once, boreal not asked), waited out here",
         faults=boreal("http_429", retry_after=1),
         best="atlas",
         failures={"boreal": "http_429"},
@@ -422,6 +423,24 @@ async def retry_tokens(
     return None
 
 
+async def wait_unpaused(
+    session: aiohttp.ClientSession, service_url: str, within_s: float = 65.0
+) -> None:
+    """Until QuoteFlow pauses no supplier: a 429 with Retry-After pauses one until then."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + within_s
+    while loop.time() < end:
+        async with session.get(f"{service_url}/metrics") as response:
+            text = await response.text()
+        if not any(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("quoteflow_supplier_pause_seconds{")
+        ):
+            return
+        await asyncio.sleep(0.05)
+
+
 async def earn_a_retry(session: aiohttp.ClientSession, service_url: str, supplier: str) -> str:
     """If ``supplier``'s retry budget is under one retry, earn one back with normal requests.
 
@@ -460,6 +479,7 @@ async def run_case(
 ) -> Outcome:
     """Set the lab up for ``case``, ask QuoteFlow once, and compare with the expectation."""
     await lab.fresh()
+    await wait_unpaused(session, service_url)
     notes = []
     for supplier in case.needs_retry():
         if note := await earn_a_retry(session, service_url, supplier):

@@ -7,6 +7,7 @@ from the lab's faults and statistics, which every test resets through the
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import socket
@@ -183,3 +184,20 @@ async def ask_quoteflow(
         await lab.wait_idle()
         attempts = await lab.attempts(answer["request_id"])
     return Asked(status, answer, attempts)
+
+
+async def wait_unpaused(session: aiohttp.ClientSession, pair: Pair, within_s: float = 5.0) -> None:
+    """Until QuoteFlow has no supplier paused (a 429 with Retry-After pauses one)."""
+    end = asyncio.get_running_loop().time() + within_s
+    while True:
+        async with session.get(f"{pair.service_url}/metrics") as response:
+            text = await response.text()
+        left = [
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("quoteflow_supplier_pause_seconds{")
+        ]
+        if not any(left):
+            return
+        assert asyncio.get_running_loop().time() < end, f"still paused: {left}"
+        await asyncio.sleep(0.05)

@@ -22,6 +22,7 @@ from tests.e2e.conftest import (
     OUTBOUND_LIMIT,
     Pair,
     ask_quoteflow,
+    wait_unpaused,
 )
 
 BOREAL_QUOTE = {
@@ -178,7 +179,12 @@ async def test_fault_gives_the_contract_code_and_attempts(
     code: str | None,
     requests: int,
 ) -> None:
-    """A fault on boreal gives the decision table's code after the right number of requests."""
+    """A fault on boreal gives the decision table's code after the right number of requests.
+
+    A 429 with ``Retry-After`` also pauses boreal until then: the next request
+    is ``rate_limited`` without asking it (and the next case waits it out).
+    """
+    await wait_unpaused(session, pair)
     for fault in faults:
         await lab.add_fault("boreal", fault)
     asked = await ask_quoteflow(session, pair, lab)
@@ -190,6 +196,12 @@ async def test_fault_gives_the_contract_code_and_attempts(
         assert asked.failures == {"boreal": code}
         assert asked.quoted == ["atlas"]
     assert asked.attempts == {"atlas": 1, "boreal": requests, "cedar": 1}
+    if any(f["kind"] == "http_429" and f.get("retry_after") for f in faults):
+        await lab.clear_faults()
+        paused = await ask_quoteflow(session, pair, lab)
+        assert paused.failures == {"boreal": "rate_limited"}
+        assert paused.attempts == {"atlas": 1, "boreal": 0, "cedar": 1}
+        await wait_unpaused(session, pair)
 
 
 TIMEOUT_FAULTS: list[dict[str, Any]] = [
