@@ -11,6 +11,7 @@ from pytest_aiohttp import AiohttpClient, AiohttpServer
 
 from quoteflow.app import GatewayFactory, create_app
 from quoteflow.config import Settings
+from tests.api_fakes import ForeignApi
 from tests.fakes import FakeSuppliers
 from tests.redis_server import RedisServer, redis_server_binary
 
@@ -51,6 +52,15 @@ def start_quoteflow(aiohttp_client: AiohttpClient, suppliers: FakeSuppliers) -> 
         return await aiohttp_client(create_app(Settings(**values), gateway=gateway))
 
     return start
+
+
+@pytest.fixture
+async def api(aiohttp_server: AiohttpServer) -> ForeignApi:
+    """A supplier API on a real socket: any method and path, and an OAuth2 token endpoint."""
+    fake = ForeignApi()
+    server = await aiohttp_server(fake.app)
+    fake.url = str(server.make_url("")).rstrip("/")
+    return fake
 
 
 @pytest.fixture

@@ -30,14 +30,6 @@ from tests.redis_server import RedisServer
 Client = TestClient[Any, Any]
 
 
-@pytest.fixture
-async def api(aiohttp_server: Any) -> ForeignApi:
-    fake = ForeignApi()
-    server = await aiohttp_server(fake.app)
-    fake.url = str(server.make_url("")).rstrip("/")
-    return fake
-
-
 class Supplier429:
     """Answers 429 with ``retry_after`` while ``busy``, else its quote; counts arrivals."""
 

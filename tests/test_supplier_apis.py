@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
-from pytest_aiohttp import AiohttpClient, AiohttpServer
+from pytest_aiohttp import AiohttpClient
 
 from quoteflow.app import ROSTER, create_app
 from quoteflow.config import Settings
@@ -29,14 +29,6 @@ Client = TestClient[Any, Any]
 
 SECRET = "k3y-VALUE-7f1c"
 """The value of ``${API_KEY}``: it must reach the supplier and nothing else."""
-
-
-@pytest.fixture
-async def api(aiohttp_server: AiohttpServer) -> ForeignApi:
-    fake = ForeignApi()
-    server = await aiohttp_server(fake.app)
-    fake.url = str(server.make_url("")).rstrip("/")
-    return fake
 
 
 class Start:
