@@ -390,7 +390,7 @@ async def test_the_concurrency_holds_in_every_dialect(lab: LabClient, dialect: A
     """The same 503 whichever way boreal is asked."""
     await put_contract(lab, "boreal", {"concurrency": 1})
     await set_fault(lab, "boreal", kind="hang", count=1)
-    held = [asyncio.create_task(dialect())]
+    held: list[asyncio.Task[Any]] = [asyncio.ensure_future(dialect())]
     try:
         await in_flight_reaches(lab, "boreal", 1)
         status, body, headers = await dialect()
