@@ -11,8 +11,11 @@ attempt ends in one of three ways, and the retry loop reads only that:
                               a 401 of a supplier with an OAuth2 client: once
                               more with a fresh token, on the same terms
     failure, final            any other status, invalid data: stop
-    no token                  the supplier's OAuth2 token did not come
-                              (``tokens.py``): ``auth_failed``, nothing sent
+    not sent                  no slot came while it could still finish
+                              (``slots.py``), no OAuth2 token came
+                              (``tokens.py``: ``auth_failed``), or the supplier
+                              is paused after its 429 (``pauses.py``:
+                              ``rate_limited``): answer now
 
 Any other exception is a bug in QuoteFlow and propagates untouched.
 
@@ -128,14 +131,16 @@ class _AttemptResult:
     """Seconds the supplier asked us to wait (``Retry-After`` on a 503)."""
     fresh_token: bool = False
     """A 401 of a supplier with an OAuth2 client: its token was dropped, a new one may work."""
+    not_sent: str | None = None
+    """Why the attempt was never sent (the bill's ``stopped``), if it was not."""
 
 
-_NO_SLOT_IN_TIME: Final = _AttemptResult(None, TIMEOUT)
-"""An attempt that gave its place in the slot queue up: it was never sent."""
-_NO_TOKEN: Final = _AttemptResult(None, AUTH_FAILED)
-"""An attempt that got no OAuth2 token: it was never sent."""
-_PAUSED: Final = _AttemptResult(None, RATE_LIMITED)
-"""An attempt not sent: the supplier is paused after a 429 with ``Retry-After``."""
+_NO_SLOT_IN_TIME: Final = _AttemptResult(None, TIMEOUT, not_sent=STOPPED_NO_SLOT_IN_TIME)
+"""An attempt that gave its place in the slot queue up."""
+_NO_TOKEN: Final = _AttemptResult(None, AUTH_FAILED, not_sent=STOPPED_NO_TOKEN)
+"""An attempt that got no OAuth2 token: not the supplier's doing."""
+_PAUSED: Final = _AttemptResult(None, RATE_LIMITED, not_sent=STOPPED_PAUSED)
+"""An attempt at a supplier paused after a 429 with ``Retry-After``: it asked for the wait."""
 
 
 @attrs.frozen
@@ -461,20 +466,13 @@ class SupplierClient:
         result: _AttemptResult | None = None
         for attempt in range(1, self._attempts + 1):
             tried = await self._attempt(state, call, trace, attempt)  # slot taken and given back
-            if tried is _NO_SLOT_IN_TIME:
-                # No slot came while the attempt could still finish: answer now,
-                # with the last attempt's code if there was one.
-                trace.stopped = STOPPED_NO_SLOT_IN_TIME
-                if result is None:
+            if tried.not_sent is not None:
+                # Not sent (no slot came in time, no token, the supplier paused):
+                # answer now. A retry that gave its place up keeps the code the
+                # first attempt got; the others have a code of their own.
+                trace.stopped = tried.not_sent
+                if result is None or tried is not _NO_SLOT_IN_TIME:
                     result = tried
-                break
-            if tried is _NO_TOKEN:
-                trace.stopped = STOPPED_NO_TOKEN  # auth_failed: not the supplier's doing
-                result = tried
-                break
-            if tried is _PAUSED:
-                trace.stopped = STOPPED_PAUSED  # it asked not to be called until then
-                result = tried
                 break
             result = tried
             if attempt > 1 and result.quote is not None:
