@@ -59,6 +59,8 @@ SUPPLIER_CLIENT = web.AppKey("supplier_client", SupplierClient)
 ROSTER = web.AppKey("roster", SupplierRoster)
 """The catalogue served now, and what reloads it."""
 COORDINATOR = web.AppKey("coordinator", Coordinator)
+SUPPLIER_RATES = web.AppKey("supplier_rates", SharedMeter)
+"""Fleet mode only: each supplier's outbound rate, held in Redis for every worker."""
 PAUSES = web.AppKey("pauses", Pauses)
 """Suppliers paused after a 429 with ``Retry-After``: one board for the process."""
 """Fleet mode only (``redis_url`` set): this worker's link to the others through Redis."""
@@ -342,6 +344,19 @@ async def _coordination(app: web.Application) -> AsyncIterator[None]:
         workers=lambda: float(coordinator.workers),
         syncs=lambda: coordinator.syncs,
     )
+    # Suppliers' outbound rates hold for the whole fleet too, on the same client.
+    app[SUPPLIER_RATES] = SharedMeter(
+        coordinator.redis,
+        prefix=settings.redis_prefix,
+        deadline=functools.partial(
+            LoopFairTimeout,
+            settings.redis_timeout,
+            longest=min(2 * settings.redis_timeout, settings.budget / 2),
+        ),
+        workers=lambda: coordinator.workers,
+        coordinated=lambda: coordinator.up,
+        kind="supplier",
+    )
     gate = app.get(handlers.GATE)
     if gate is not None:
         # Callers' rates hold for the whole fleet, on the coordinator's client.
@@ -462,6 +477,7 @@ def _supplier_session(
                 attempts=tracer,
                 keep_cache_control=settings.cache_size > 0,
                 pauses=app[PAUSES],
+                rates=app.get(SUPPLIER_RATES),
             )
             telemetry = app[handlers.TELEMETRY]
             shared, cache = _sharing(settings, client, telemetry)

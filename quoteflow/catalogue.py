@@ -57,7 +57,9 @@ from typing import Any, NoReturn, Protocol, TypeVar
 import attrs
 from yarl import URL
 
+from quoteflow.callers import Rate, parse_rate
 from quoteflow.config import Settings
+from quoteflow.errors import ConfigError
 from quoteflow.templates import (
     PLACEHOLDERS,
     Placeholder,
@@ -111,6 +113,7 @@ _OPTIONAL = (
     "query",
     "body",
     "oauth2",
+    "rate",
 )
 _KEYS = ("name", "url", *_OPTIONAL)
 _SHAPING = ("method", "query", "body")
@@ -190,6 +193,8 @@ class Supplier:
     oauth2: OAuth2Client | None = attrs.field(default=None, repr=False)
     shown_url: str | None = None
     """``url`` with each ``${VAR}`` as ``***``, if it has one."""
+    rate: Rate | None = None
+    """At most this many attempts per window, retries included (``None``: no rate)."""
 
     @property
     def method(self) -> str:
@@ -216,6 +221,8 @@ class Supplier:
             fields["body"] = self.shape.has_body
         if self.oauth2 is not None:
             fields["oauth2"] = self.oauth2.public()
+        if self.rate is not None:
+            fields["rate"] = str(self.rate)
         return fields
 
 
@@ -367,6 +374,7 @@ class _Reader:
             shape=shape,
             oauth2=oauth2,
             shown_url=None if shape is None else shape.shown_origin + shape.path.render(_BRACED)[1],
+            rate=self.rate(table["rate"]) if "rate" in table else None,
         )
 
     def shape(
@@ -406,6 +414,13 @@ class _Reader:
             body=body,
             has_body=body is not None,
         )
+
+    def rate(self, value: object) -> Rate:
+        """``"20/1s"``: the callers' file's syntax and meaning (GCRA, a burst of the quota)."""
+        try:
+            return parse_rate(value)
+        except ConfigError as exc:
+            self.fail(str(exc).removeprefix("rate "), "rate")
 
     def template(self, field: str, parse: Callable[[], _T]) -> _T:
         try:

@@ -194,6 +194,7 @@ class CoalescingGateway:
             waiter.trace.stopped = call.bill.stopped
             waiter.trace.gave_up_after = call.bill.gave_up_after
             waiter.trace.token_wait = call.bill.token_wait
+            waiter.trace.rate_wait = call.bill.rate_wait
         elif waiter is not call.starter:
             waiter.trace.stopped = STOPPED_JOINED
         if waiter is not call.starter:

@@ -349,6 +349,8 @@ def encode_explain(report: QuoteReport) -> dict[str, Any]:
         suppliers[trace.supplier] = bill
         if trace.gave_up_after is not None:
             bill["gave_up_after_ms"] = _ms(trace.gave_up_after)
+        if trace.rate_wait is not None:
+            bill["rate_wait_ms"] = _ms(trace.rate_wait)
         if trace.token_wait is not None:
             bill["token_wait_ms"] = _ms(trace.token_wait)
         if trace.probe:

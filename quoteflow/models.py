@@ -172,6 +172,8 @@ STOPPED_NO_SLOT_IN_TIME = "no_slot_in_time"
 """An attempt waited for an outbound slot until the deadline no longer left it the
 time the supplier needs: it gave its place up and the supplier was answered at once
 (``timeout`` for a first attempt, the last attempt's code for a retry)."""
+STOPPED_RATE_LIMITED = "rate_limited"
+"""The supplier's outbound rate (its catalogue ``rate``) left no turn in time: not sent."""
 STOPPED_PAUSED = "paused"
 """The supplier is paused after a 429 with ``Retry-After`` (``rate_limited``): not asked."""
 STOPPED_NO_TOKEN = "no_token"
@@ -228,6 +230,8 @@ class SupplierTrace:
     """The call is its supplier's half-open probe: it always waits for its slot."""
     gave_up_after: float | None = None
     """Seconds an attempt waited for a slot before giving its place up (``no_slot_in_time``)."""
+    rate_wait: float | None = None
+    """Seconds the call waited for a turn of its supplier's outbound rate, if it did."""
     token_wait: float | None = None
     """Seconds the call waited for its supplier's OAuth2 token (``tokens.py``), if it did."""
     joined: str | None = None

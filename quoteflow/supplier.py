@@ -39,6 +39,7 @@ from aiohttp import hdrs
 from aiohttp.http_exceptions import ContentLengthError, TransferEncodingError
 from yarl import URL
 
+from quoteflow.callers import Rate
 from quoteflow.catalogue import Adapter, Catalogue, Supplier
 from quoteflow.codec import decode_supplier_json, decode_supplier_quote, supplier_quote_from
 from quoteflow.config import Settings
@@ -55,6 +56,7 @@ from quoteflow.models import (
     STOPPED_NO_TOKEN,
     STOPPED_NOT_RETRYABLE,
     STOPPED_PAUSED,
+    STOPPED_RATE_LIMITED,
     STOPPED_RETRY_AFTER,
     STOPPED_RETRY_BUDGET,
     STOPPED_SUCCESS,
@@ -70,6 +72,7 @@ from quoteflow.models import (
     http_failure_code,
 )
 from quoteflow.pauses import Pauses, pause_for
+from quoteflow.rates import LocalRates, RateMeter
 from quoteflow.retry import AttemptTimeEstimate, RetryBudget, RetryLimiter, retry_after_delay
 from quoteflow.slots import OutboundLimiter, OutboundSlots
 from quoteflow.templates import Shaped
@@ -140,6 +143,8 @@ _NO_SLOT_IN_TIME: Final = _AttemptResult(None, TIMEOUT, not_sent=STOPPED_NO_SLOT
 _NO_TOKEN: Final = _AttemptResult(None, AUTH_FAILED, not_sent=STOPPED_NO_TOKEN)
 """An attempt that got no OAuth2 token: not the supplier's doing."""
 _PAUSED: Final = _AttemptResult(None, RATE_LIMITED, not_sent=STOPPED_PAUSED)
+_NO_TURN: Final = _AttemptResult(None, RATE_LIMITED, not_sent=STOPPED_RATE_LIMITED)
+"""An attempt the supplier's outbound rate had no turn for while it could still finish."""
 """An attempt at a supplier paused after a 429 with ``Retry-After``: it asked for the wait."""
 
 
@@ -333,10 +338,13 @@ class SupplierClient:
         attempts: AttemptListener | None = None,
         keep_cache_control: bool = False,
         pauses: Pauses | None = None,
+        rates: RateMeter | None = None,
     ) -> None:
         self._session = session
         self.pauses = pauses or Pauses(settings.pause_max)
         """Suppliers paused after a 429 with ``Retry-After`` (shared by the fleet's workers)."""
+        self._rates = rates or LocalRates()
+        """Each supplier's outbound rate (``rates.py``): this process's, or the fleet's."""
         self.token_fetches = {}
         self._retired: set[TokenKeeper] = set()
         """Keepers a reload replaced: a fetch of theirs may still run until shutdown."""
@@ -531,6 +539,9 @@ class SupplierClient:
         pauses = self.pauses
         if pauses.until(trace.supplier) is not None:
             return _PAUSED
+        rate = state.spec.rate
+        if rate is not None and not await self._turn(call, trace, rate):
+            return _NO_TURN
         authorization = None
         if state.tokens is not None:
             # Before the slot: a wait for the token holds none of the outbound capacity.
@@ -613,6 +624,28 @@ class SupplierClient:
         if ran > estimate.needed:
             estimate.cut_after(ran)  # it needs at least this long (``retry.py``)
             self._slots.reconsider()  # before this slot is handed on to a waiter
+
+    async def _turn(self, call: _Call, trace: SupplierTrace, rate: Rate) -> bool:
+        """A turn of the supplier's outbound rate, waited for while the attempt could finish.
+
+        The wait holds no outbound slot, and ends as soon as the supplier's
+        learned attempt time would no longer fit before the deadline.
+        """
+        since = time.monotonic()
+        waited = False
+        while True:
+            admitted, standing = await self._rates.spend(trace.supplier, rate)
+            now = time.monotonic()
+            if admitted:
+                if waited:
+                    trace.rate_wait = (trace.rate_wait or 0.0) + now - since
+                return True
+            wait = max(standing.wait, 0.001)
+            if call.deadline - now - wait < call.attempt_time.needed_at(now):
+                trace.rate_wait = (trace.rate_wait or 0.0) + now - since
+                return False
+            await asyncio.sleep(wait)
+            waited = True
 
     async def _token(self, tokens: TokenKeeper, trace: SupplierTrace) -> str | None:
         """Wait for the one token fetch under way; ``None`` if it brings no token."""

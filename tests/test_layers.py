@@ -35,6 +35,7 @@ LAYERS = [
     "tokens",
     "fleet",
     "pauses",
+    "rates",
     "slots",
     "retry",
     "catalogue",

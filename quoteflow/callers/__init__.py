@@ -51,9 +51,9 @@ callers whole; a bad file changes nothing (one ``reload_refused`` event).
 
 from __future__ import annotations
 
-from quoteflow.callers.file import load_callers
+from quoteflow.callers.file import load_callers, parse_rate
 from quoteflow.callers.gate import QUOTA_EXCEEDED, SEATS_EXCEEDED, CallersFile, Gate, Pass
-from quoteflow.callers.meter import Standing
+from quoteflow.callers.meter import LocalMeter, Standing
 from quoteflow.callers.model import UNNAMED, Caller, Callers, Rate
 from quoteflow.callers.shared import SharedMeter
 
@@ -65,9 +65,11 @@ __all__ = [
     "Callers",
     "CallersFile",
     "Gate",
+    "LocalMeter",
     "Pass",
     "Rate",
     "SharedMeter",
     "Standing",
     "load_callers",
+    "parse_rate",
 ]

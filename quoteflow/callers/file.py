@@ -97,7 +97,7 @@ def _caller(table: dict[str, Any], number: int, environ: Mapping[str, str]) -> t
             if field not in FIELDS:
                 raise ConfigError(f"unknown field {_show(field)} ({', '.join(FIELDS)})")
         digest = _digest(table, environ)
-        rate = _rate(table["rate"]) if "rate" in table else None
+        rate = parse_rate(table["rate"]) if "rate" in table else None
         seats = _seats(table["seats"]) if "seats" in table else None
     except ConfigError as exc:
         raise ConfigError(f"caller {name!r}: {exc}") from None
@@ -128,7 +128,7 @@ def _digest(table: dict[str, Any], environ: Mapping[str, str]) -> bytes:
     return digest
 
 
-def _rate(raw: object) -> Rate:
+def parse_rate(raw: object) -> Rate:
     """``"100/60s"``: 100 requests per 60 seconds (``m`` and ``h`` also name a unit)."""
     found = _RATE.fullmatch(raw) if isinstance(raw, str) else None
     if found is None:

@@ -109,11 +109,13 @@ class SharedMeter:
         deadline: Callable[[], Deadline],
         workers: Callable[[], int],
         coordinated: Callable[[], bool],
+        kind: str = "caller",
     ) -> None:
+        """``kind``: what the names are, in the Redis keys (``caller``, ``supplier``)."""
         from redis.exceptions import RedisError
 
         self._script = redis.register_script(SCRIPT)
-        self._prefix = prefix
+        self._prefix = f"{prefix}:{kind}"
         self._deadline = deadline
         """A new time limit for each call: ``--redis-timeout`` of Redis' time, not the loop's."""
         self._workers = workers
@@ -162,7 +164,7 @@ class SharedMeter:
         try:
             async with deadline:
                 reply = await self._script(
-                    keys=[f"{self._prefix}:caller:{name}"],
+                    keys=[f"{self._prefix}:{name}"],
                     args=[rate.quota, f"{rate.interval * 1000:.3f}", want],
                 )
             granted, used = int(reply[0]), float(reply[1])

@@ -1,0 +1,125 @@
+"""A supplier's outbound rate: at most N attempts per W, for the process or the whole fleet.
+
+Real sockets: a fake supplier counts, per second, what reached it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from pytest_aiohttp import AiohttpClient
+
+from quoteflow.app import COORDINATOR, create_app
+from quoteflow.config import Settings
+from quoteflow.options import load_catalogue
+from tests.api_fakes import Arrived, ForeignApi, catalogue_text
+from tests.catalogue_fakes import offer
+from tests.conftest import TEST_CONNECT_TIMEOUT
+from tests.redis_server import RedisServer
+from tests.test_fleet import wait_until
+
+Client = TestClient[Any, Any]
+BUDGET = 0.5
+
+
+async def quote(request: web.Request, arrived: Arrived) -> web.StreamResponse:
+    name = request.match_info["name"]
+    return web.json_response({"supplier": name, "sku": "KB-001", **offer(name)})
+
+
+async def start(
+    aiohttp_client: AiohttpClient, tmp_path: Path, api: ForeignApi, **overrides: Any
+) -> Client:
+    path = tmp_path / "suppliers.toml"
+    path.write_text(
+        catalogue_text(
+            [
+                {"name": "quay", "url": f"{api.url}/quay/q", "rate": "20/1s"},
+                {"name": "plain", "url": f"{api.url}/plain/q"},
+            ]
+        )
+    )
+    values: dict[str, Any] = {
+        "budget": BUDGET,
+        "connect_timeout": TEST_CONNECT_TIMEOUT,
+        "suppliers_file": str(path),
+        "inbound_limit": 16,
+    }
+    values.update(overrides)
+    settings = Settings(**values)
+    app = create_app(settings, catalogue=load_catalogue(settings, {}), environ={})
+    client: Client = await aiohttp_client(app)
+    return client
+
+
+async def load(clients: list[Client], seconds: float, callers: int) -> list[dict[str, Any]]:
+    answers: list[dict[str, Any]] = []
+    began = time.monotonic()
+
+    async def caller(client: Client) -> None:
+        while time.monotonic() - began < seconds:
+            response = await client.post("/api/quotes?explain=1", json={"quantity": 1})
+            assert response.status == 200
+            answers.append(await response.json())
+
+    await asyncio.gather(*(caller(c) for c in clients for _ in range(callers)))
+    return answers
+
+
+def code_of(answer: dict[str, Any]) -> str | None:
+    return next((f["code"] for f in answer["failures"] if f["supplier"] == "quay"), None)
+
+
+def sent_to_quay(api: ForeignApi) -> int:
+    return sum(1 for arrived in api.arrived if arrived.path.startswith("/quay"))
+
+
+async def test_a_rate_of_20_a_second_sends_at_most_that_after_its_burst(
+    aiohttp_client: AiohttpClient, tmp_path: Path, api: ForeignApi
+) -> None:
+    """8 callers for 3 s: at most 20 + 20 a second; every answer quay's quote or rate_limited."""
+    api.answer = quote
+    client = await start(aiohttp_client, tmp_path, api)
+    began = time.monotonic()
+    answers = await load([client], 3.0, 8)
+    elapsed = time.monotonic() - began  # the last requests end up to a budget after 3 s
+    assert sent_to_quay(api) <= 20 + 20 * elapsed + 1
+    assert sent_to_quay(api) >= 20 + 20 * 2  # the rate is used, not starved
+    codes = [code_of(answer) for answer in answers]
+    assert set(codes) <= {None, "rate_limited"}
+    assert len(answers) > 50  # answers that waited for a turn take longer
+    waited = [a for a in answers if "rate_wait_ms" in a["explain"]["suppliers"]["quay"]]
+    assert waited  # some attempts waited for a turn rather than being refused
+    refused = [a["explain"]["suppliers"]["quay"] for a in answers if code_of(a) == "rate_limited"]
+    assert all(bill["attempts"] == [] and bill["stopped"] == "rate_limited" for bill in refused)
+    assert all(a["elapsed_ms"] < BUDGET * 1000 for a in answers)
+
+
+async def test_two_workers_share_one_rate_through_redis(
+    aiohttp_client: AiohttpClient, tmp_path: Path, api: ForeignApi, redis_server: RedisServer
+) -> None:
+    """Fleet mode: the two together send at most 20 a second after the burst, not 40."""
+    api.answer = quote
+    fleet = {"redis_url": redis_server.url, "redis_timeout": 0.2}
+    first = await start(aiohttp_client, tmp_path, api, **fleet)
+    second = await start(aiohttp_client, tmp_path, api, **fleet)
+    # Before both have synced, each is on its own: the whole rate each (its safe share).
+    await wait_until(
+        lambda: all(
+            c.app[COORDINATOR].up and c.app[COORDINATOR].workers == 2 for c in (first, second)
+        )
+    )
+    began = time.monotonic()
+    answers = await load([first, second], 3.0, 4)
+    elapsed = time.monotonic() - began
+    # Leases may count an attempt up to 10 ms before it goes: a request or two more.
+    assert sent_to_quay(api) <= 20 + 20 * elapsed + 3
+    # Nearly every answer: the quote, or rate_limited at once; a rare timeout is a
+    # turn won with just the learned time left, or a round trip near the deadline.
+    settled = [code_of(answer) in (None, "rate_limited") for answer in answers]
+    assert sum(settled) >= 0.98 * len(answers)
