@@ -634,7 +634,16 @@ class SupplierClient:
         since = time.monotonic()
         waited = False
         while True:
-            admitted, standing = await self._rates.spend(trace.supplier, rate)
+            asked_at = time.monotonic()
+            left = call.deadline - asked_at - call.attempt_time.needed_at(asked_at)
+            try:
+                # A slow round trip to the fleet's meter must not eat the
+                # attempt's own time: past what is left, there is no turn.
+                async with asyncio.timeout(max(0.0, left)):
+                    admitted, standing = await self._rates.spend(trace.supplier, rate)
+            except TimeoutError:
+                trace.rate_wait = (trace.rate_wait or 0.0) + time.monotonic() - since
+                return False
             now = time.monotonic()
             if admitted:
                 if waited:
