@@ -60,7 +60,8 @@ class Pauses:
     def __init__(self, pause_max: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.pause_max = pause_max
         self._clock = clock
-        self._until: dict[str, float] = {}
+        self.active: dict[str, float] = {}
+        """When each paused supplier's pause ends; empty while none is (the common case)."""
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self.announce: Callable[[str, float], None] | None = None
         """Told of each new pause this process learned from a supplier (fleet mode)."""
@@ -71,14 +72,14 @@ class Pauses:
 
     def until(self, supplier: str) -> float | None:
         """When ``supplier``'s pause ends, if it is paused now."""
-        end = self._until.get(supplier)
+        end = self.active.get(supplier)
         if end is None or end <= self._clock():
             return None
         return end
 
     def left(self, supplier: str) -> float:
         """Seconds of ``supplier``'s pause still to run (0: not paused)."""
-        end = self._until.get(supplier)
+        end = self.active.get(supplier)
         return 0.0 if end is None else max(0.0, end - self._clock())
 
     def pause(self, supplier: str, seconds: float, *, told_by: str = "supplier") -> None:
@@ -88,11 +89,11 @@ class Pauses:
             return
         now = self._clock()
         end = now + seconds
-        current = self._until.get(supplier)
+        current = self.active.get(supplier)
         if current is not None and current > now and end <= current + MARGIN:
             return  # the same pause, told again by another attempt of the wave
         fresh = current is None or current <= now
-        self._until[supplier] = end
+        self.active[supplier] = end
         timer = self._timers.pop(supplier, None)
         if timer is not None:
             timer.cancel()
@@ -115,7 +116,7 @@ class Pauses:
     def forget(self, suppliers: tuple[str, ...]) -> None:
         """Drop removed suppliers' pauses (a reload)."""
         for supplier in suppliers:
-            self._until.pop(supplier, None)
+            self.active.pop(supplier, None)
             timer = self._timers.pop(supplier, None)
             if timer is not None:
                 timer.cancel()
@@ -128,5 +129,5 @@ class Pauses:
 
     def _ended(self, supplier: str) -> None:
         self._timers.pop(supplier, None)
-        if self._until.pop(supplier, None) is not None:
+        if self.active.pop(supplier, None) is not None:
             log_event(log, logging.INFO, "supplier_resumed", {"supplier": supplier})

@@ -537,7 +537,8 @@ class SupplierClient:
         # supplier: it is not an attempt, and goes on no bill.
         patience = call if state.attempt_time.seen and not trace.probe else None
         pauses = self.pauses
-        if pauses.until(trace.supplier) is not None:
+        # ``pauses.active`` is empty unless some supplier said 429 lately: no call then.
+        if pauses.active and pauses.until(trace.supplier) is not None:
             return _PAUSED
         rate = state.spec.rate
         if rate is not None and not await self._turn(call, trace, rate):
@@ -554,7 +555,7 @@ class SupplierClient:
         if not await self._slots.acquire(trace.supplier, patience):
             trace.gave_up_after = time.monotonic() - waiting_since
             return _NO_SLOT_IN_TIME
-        if pauses.until(trace.supplier) is not None:
+        if pauses.active and pauses.until(trace.supplier) is not None:
             # Paused while this attempt waited: the wave that got the 429 was enough.
             self._slots.release(trace.supplier)
             return _PAUSED
