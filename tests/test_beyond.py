@@ -264,7 +264,8 @@ async def test_suppliers_are_told_the_attempt_and_the_budget_left(
     assert (first.headers["X-Attempt"], second.headers["X-Attempt"]) == ("1", "2")
     first_left = int(first.headers["X-Deadline-Remaining-Ms"])
     second_left = int(second.headers["X-Deadline-Remaining-Ms"])
-    assert TEST_BUDGET * 1000 - 50 <= first_left <= TEST_BUDGET * 1000
+    # Generous: on a loaded machine a fresh app's first attempt may leave late.
+    assert TEST_BUDGET * 1000 - 250 <= first_left <= TEST_BUDGET * 1000
     assert first_left - second_left >= 50 + 20
 
 
