@@ -196,10 +196,6 @@ class Supplier:
     rate: Rate | None = None
     """At most this many attempts per window, retries included (``None``: no rate)."""
 
-    @property
-    def method(self) -> str:
-        return "GET" if self.shape is None else self.shape.method
-
     def public(self) -> dict[str, object]:
         """What a log line or the ``starting`` event may show: header names, never values."""
         fields: dict[str, object] = {
