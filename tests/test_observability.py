@@ -88,14 +88,19 @@ async def test_bill_of_503_twice(start_quoteflow: StartQuoteFlow, suppliers: Fak
 async def test_bill_of_a_retry_that_could_not_finish(
     start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
 ) -> None:
-    """Path 4: a 503 too late for a useful second attempt stops at once with no_time."""
-    suppliers.always("boreal", delay(TEST_BUDGET - 0.05, status(503)))
+    """Path 4: a 503 too late for a useful second attempt stops at once with no_time.
+
+    The 503 takes 60 % of the budget, so the 40 % left is less than the
+    attempt time just learned from it: a loaded machine's late start (185 ms
+    seen once in CI) still leaves the 503 inside the deadline.
+    """
+    suppliers.always("boreal", delay(TEST_BUDGET * 0.6, status(503)))
     bill = (await explain(await start_quoteflow()))["explain"]
     boreal = bill["suppliers"]["boreal"]
     (attempt,) = boreal["attempts"]
     assert attempt["outcome"] == "http_503"
     assert attempt["backoff_ms"] is None
-    assert 0 < attempt["remaining_ms"] < 60
+    assert 0 < attempt["remaining_ms"] < TEST_BUDGET * 0.4 * 1000
     assert boreal["stopped"] == "no_time"
     check_bill_adds_up(bill)
 
