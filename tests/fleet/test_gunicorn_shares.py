@@ -9,6 +9,7 @@ two shares, and once the new workers serve alone the new shares hold.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,20 @@ CONNECTIONS = 32
 
 
 class Load:
-    """32 callers asking the fleet until stopped; every status they saw."""
+    """32 callers asking the fleet until stopped; every status they saw.
 
-    def __init__(self, session: aiohttp.ClientSession, fleet: Gunicorn) -> None:
+    With ``watch``, also what each answer said of that supplier: its failure
+    code, or ``None`` for a quote (``take_codes``).
+    """
+
+    def __init__(
+        self, session: aiohttp.ClientSession, fleet: Gunicorn, watch: str | None = None
+    ) -> None:
         self.session = session
         self.fleet = fleet
+        self.watch = watch
         self.statuses: list[int] = []
+        self.codes: list[str | None] = []
         self.dropped = 0
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -48,12 +57,22 @@ class Load:
                 async with self.session.post(
                     f"{self.fleet.url}/api/quotes", json={"quantity": 1}
                 ) as response:
-                    await response.read()
+                    body = await response.read()
                     self.statuses.append(response.status)
+                if self.watch is not None and response.status == 200:
+                    failures = json.loads(body)["failures"]
+                    self.codes.append(
+                        next((f["code"] for f in failures if f["supplier"] == self.watch), None)
+                    )
             except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, TimeoutError):
                 # A kept-alive connection an old worker closes as it stops (the
                 # request on its way in is never read): no answer of QuoteFlow's.
                 self.dropped += 1
+
+    def take_codes(self) -> list[str | None]:
+        """The watched supplier's codes since the last call."""
+        codes, self.codes = self.codes, []
+        return codes
 
 
 async def _peaks(session: aiohttp.ClientSession, lab: Lab) -> dict[str, int]:
