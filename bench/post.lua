@@ -13,6 +13,8 @@
 --                   cedar failed, circuit_open answers, no failure at all,
 --                   elapsed_ms)
 --   BENCH_TIMELINE  1: also count 200s and boreal's quotes per 100 ms slot
+--   BENCH_CODES     1: also count each supplier's failure codes in 200 bodies
+--                   (`x code <supplier> <code>`)
 --   BENCH_WRK_OUT   file done() writes its tab-separated results to
 --   BENCH_AUTHORIZATION  an Authorization header to send (a caller's key)
 --
@@ -44,6 +46,7 @@ local scenario = os.getenv("BENCH_SCENARIO") or "normal"
 local quantity = os.getenv("BENCH_QUANTITY") or "2"
 local inspect = os.getenv("BENCH_INSPECT") == "1"
 local timeline = os.getenv("BENCH_TIMELINE") == "1"
+local codes = os.getenv("BENCH_CODES") == "1"
 local sku = os.getenv("BENCH_SKU") or "KB-001"
 local zipf_skus = tonumber(os.getenv("BENCH_ZIPF_SKUS") or "0")
 
@@ -122,6 +125,11 @@ function response(status, headers, resp_body)
   started = nil
   add("n " .. status, 1)
   add("h " .. status .. " " .. string.format("%d", bucket(us)), 1)
+  if codes and status == 200 then
+    for supplier, code in resp_body:gmatch('"supplier":%s*"([%w_%-]+)",%s*"code":%s*"([%w_]+)"') do
+      add("x code " .. supplier .. " " .. code, 1)
+    end
+  end
   if inspect and status == 200 then
     local slot = nil
     if timeline then

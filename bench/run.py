@@ -17,9 +17,12 @@ Redis commands per request. Then the tracing section (``bench/tracing.py``,
 issue 22): CPU per answered request with OpenTelemetry off, and on at 1 % and
 100 %. Then the callers section (``bench/callers.py``, issue 20): CPU per
 answered request with a caller's quota on against off, single and fleet.
-Last, the slow-suppliers section (``bench/slow.py``, issue 28): a fresh
-QuoteFlow with its defaults per case, suppliers at 400–500 ms or hanging,
-closed-loop callers in this process, under both event loops.
+Then the supplier-contracts section (``bench/contracts.py``, issue 30): CPU
+per answered request with an outbound rate on every supplier against none,
+single and fleet, and the lab's 429s with and without one. Last, the
+slow-suppliers section (``bench/slow.py``, issue 28): a fresh QuoteFlow with
+its defaults per case, suppliers at 400–500 ms or hanging, closed-loop
+callers in this process, under both event loops.
 
 Output: a table with each target of issue 5 marked met or not met,
 ``bench/results/latest.json`` and PNG plots beside it.
@@ -46,7 +49,18 @@ from typing import Any
 
 import attrs
 
-from bench import apis, callers, catalogue, connections, fleet, hot, report, slow, tracing
+from bench import (
+    apis,
+    callers,
+    catalogue,
+    connections,
+    contracts,
+    fleet,
+    hot,
+    report,
+    slow,
+    tracing,
+)
 from bench.procs import (
     BenchError,
     Service,
@@ -141,6 +155,7 @@ def parse_options(argv: Sequence[str]) -> Options:
         "callers",
         slow.NAME,
         apis.NAME,
+        contracts.NAME,
     ]
     if unknown := [name for name in only if name not in known]:
         parser.error(f"unknown workload {', '.join(unknown)}; choose from {', '.join(known)}")
@@ -617,6 +632,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results["callers"] = callers.run_callers(bench)
         if not options.only or apis.NAME in options.only:
             results[apis.NAME] = apis.run_apis(bench)
+        if not options.only or contracts.NAME in options.only:
+            results[contracts.NAME] = contracts.run_contracts(bench)
         # `--only slow` (the scenario-slow workload) runs the slow-suppliers section too.
         if not options.only or {"slow", slow.NAME} & set(options.only):
             results[slow.NAME] = slow.run_slow(bench)
@@ -654,6 +671,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if apis.NAME in results:
         results["summary"][apis.NAME] = apis.summarize(results[apis.NAME])
         results["summary"]["targets"] += apis.targets(results["summary"][apis.NAME])
+    if contracts.NAME in results:
+        results["summary"][contracts.NAME] = contracts.summarize(results[contracts.NAME])
+        results["summary"]["targets"] += contracts.targets(results["summary"][contracts.NAME])
     if slow.NAME in results:
         results["summary"][slow.NAME] = slow.summarize(results[slow.NAME])
         results["summary"]["targets"] += slow.targets(results["summary"][slow.NAME])
@@ -666,6 +686,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(catalogue.table(results["summary"]["catalogue"]))
     if apis.NAME in results:
         print(apis.table(results["summary"][apis.NAME]))
+    if contracts.NAME in results:
+        print(contracts.table(results["summary"][contracts.NAME]))
     if options.plots:
         print(report.plot_all(results, options.out_dir))
     print(f"\nresults: {out}  ({results['elapsed_s']} s)")

@@ -29,7 +29,8 @@ class WrkRun:
     """Per HTTP status."""
     errors: dict[str, int]
     inspected: dict[str, float]
-    """Body checks of 200s: ``boreal_quoted``, ``boreal_failed``, ``elapsed_ms_max``."""
+    """Body checks of 200s: ``boreal_quoted``, ``boreal_failed``, ``elapsed_ms_max``; with
+    ``codes``, ``code <supplier> <code>`` for each supplier's failure codes."""
     timeline: dict[int, dict[str, int]]
     """100 ms slot (of the monotonic clock) → ``n`` 200s and ``q`` boreal quotes in it."""
     wrk_latency_us: dict[str, int]
@@ -68,11 +69,13 @@ def run_wrk(
     timeline: bool = False,
     zipf_skus: int = 0,
     authorization: str = "",
+    codes: bool = False,
 ) -> WrkRun:
     """Run wrk against ``url`` + ``/api/quotes`` with one thread per connection.
 
     ``zipf_skus`` > 0: each request asks for one of the lab's ``HOT-01`` … ``HOT-N``,
-    drawn from a Zipf distribution (``post.lua``), instead of ``sku``.
+    drawn from a Zipf distribution (``post.lua``), instead of ``sku``. ``codes``: count
+    each supplier's failure codes in the 200s, ``inspected["code <supplier> <code>"]``.
     """
     out_path = out_dir / f"{tag}.tsv"
     out_path.unlink(missing_ok=True)
@@ -86,6 +89,7 @@ def run_wrk(
         BENCH_ZIPF_SKUS=str(zipf_skus),
         BENCH_WRK_OUT=str(out_path),
         BENCH_AUTHORIZATION=authorization,
+        BENCH_CODES="1" if codes else "0",
     )
     argv = [
         wrk,

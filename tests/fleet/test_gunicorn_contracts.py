@@ -112,11 +112,16 @@ async def test_a_rate_of_20_a_second_holds_fleet_wide_the_lab_refusing_none(
         code = fleet.stop()
         stop(lab.process)
     assert code == 0, fleet.log_path.read_text()[-3000:]
-    for stats, seconds, codes in ((up, up_s, up_codes), (down, down_s, down_codes)):
+    # With Redis stopped each worker keeps to half the rate, and the kernel may
+    # have handed most of the 32 connections to one of them: at least half is used.
+    for phase, stats, seconds, codes, least in (
+        ("redis up", up, up_s, up_codes, RATE),
+        ("redis stopped", down, down_s, down_codes, RATE / 2),
+    ):
         sent = stats["per_supplier"].get("metered", 0)
         # A phase starts after a quiet spell that refilled part of the burst.
-        assert sent <= RATE + RATE * seconds + 3, (sent, seconds)
-        assert sent >= RATE * (seconds - 1), (sent, seconds)  # the rate is used, not starved
+        assert sent <= RATE + RATE * seconds + 3, (phase, sent, seconds)
+        assert sent >= least * (seconds - 1), (phase, sent, seconds)  # used, not starved
         assert stats["rate_refused"]["metered"] == 0, stats["rate_refused"]
         assert stats["per_supplier"].get("plain", 0) > 3 * sent  # only metered is held back
         # Nearly every answer has metered's quote or rate_limited at once, not a timeout
