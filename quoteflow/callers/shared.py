@@ -13,16 +13,24 @@ loop costs the fleet nothing.
 **Leases.** A round trip costs about as much CPU as a third of a whole
 answered request (measured: ~150 µs in the worker, ~50 µs in Redis), so far
 from its quota a caller's requests are granted a few at a time: the script
-counts them all at once and this worker admits the rest locally (``Lease``)
-for at most ``lease_time`` (a hundredth of the window, ≤ 0.5 s). A lease is
-at most an eighth of what is free divided among the live workers (and at most
-``MAX_LEASE``), so close to the quota (and always for a small one: 20/60s on
-two workers) requests are granted one by one, and the quota holds exactly.
-What a lease costs: a request counted in Redis up to ``lease_time`` before it
-is sent, so over any window at most 1 % of the quota more (ordinarily less
-than one request); and requests of a lease whose worker's traffic stops are
-counted but never sent — the caller may then get up to that many fewer (at
-most an eighth of what was free, divided among the workers) until they drain.
+counts them all at once and this worker admits the rest locally (``Lease``).
+A lease is at most an eighth of what is free divided among the live workers
+(and at most ``MAX_LEASE``), so close to the quota (and always for a small
+one: 20/60s on two workers) requests are granted one by one, and the quota
+holds exactly.
+
+What a lease costs: its requests are counted in Redis before they are sent.
+Counted early never lets the fleet send more than the quota while Redis'
+level is above zero (it drained them no sooner than they came); the only
+slack is the drain Redis credited them while its level sat at zero: at most
+the leases' requests, and at most the rate times how long a lease lasts.
+``lease_time`` keeps that to 1 % of the quota either way: a lease no bigger
+than a hundredth of the quota (divided among the workers) may last
+``MAX_LEASE_TIME``, a bigger one a hundredth of the window at most. So a
+window admits at most 1 % of the quota more, ordinarily not one request.
+Requests of a lease whose worker's traffic stops are counted but never sent:
+the caller may get up to that many fewer (at most an eighth of what was
+free, divided among the workers) until they drain.
 
 Redis down, frozen or emptied: a call is bounded by ``redis_timeout`` of
 Redis' time (``deadline``: the fleet's ``LoopFairTimeout``, so a reply read
@@ -63,12 +71,17 @@ MAX_LEASE_TIME: Final = 0.5
 """Longest a lease lasts, seconds; unused by then, its requests are lost, never reused."""
 
 
-def lease_time(rate: Rate) -> float:
-    """Seconds a lease of ``rate`` lasts: a hundredth of its window, at most ``MAX_LEASE_TIME``.
+def lease_time(rate: Rate, units: int, workers: int) -> float:
+    """Seconds a lease of ``units`` requests of ``rate`` lasts (the module's docstring).
 
-    A request granted ahead of time and sent up to this much later is the
-    rate's only slack: over any window at most 1 % more than the quota.
+    The slack a lease can give is the smaller of its requests and what the
+    rate drains while it lasts; either is kept to a hundredth of the quota.
+    A high rate's lease of a few requests lasts ``MAX_LEASE_TIME``, so one
+    round trip serves a whole lease; a lease too big for that, a hundredth of
+    the window, at most ``MAX_LEASE_TIME``.
     """
+    if units * 100 * workers <= rate.quota:
+        return MAX_LEASE_TIME
     return min(MAX_LEASE_TIME, rate.window / 100)
 
 
@@ -186,7 +199,7 @@ class SharedMeter:
         at = time.monotonic()
         self._last[name] = Bucket(used, at)
         if granted > 1:
-            self._leases[name] = Lease(granted - 1, at + lease_time(rate))
+            self._leases[name] = Lease(granted - 1, at + lease_time(rate, granted, self._share()))
         standing = self._standing(name, rate, at)
         if not granted:
             # Measured from the answer, not the question: never earlier than Redis said.
