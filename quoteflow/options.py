@@ -67,6 +67,10 @@ _OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
         "supplier catalogue, a TOML file (default: atlas, boreal, cedar under --provider-url)",
     ),
     "min_attempt_time": (float, "least budget a second attempt needs, seconds"),
+    "pause_max": (
+        float,
+        "longest a supplier's 429 with Retry-After pauses it for every request, seconds (60)",
+    ),
     "retry_budget_capacity": (float, "retries a supplier may spend in a burst (20)"),
     "retry_budget_earn": (float, "share of a retry each request earns (0.1)"),
     "body_timeout": (float, "seconds an inbound body may take to arrive (1.0)"),

@@ -7,6 +7,7 @@ and counts what still reaches it.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -144,6 +145,25 @@ async def test_a_429_without_retry_after_costs_nothing_afterwards(
     for _ in range(5):
         assert code_of(await ask(client)) == "http_429"
     assert quay_arrivals(script, api) == 5
+
+
+async def test_a_pause_is_capped_at_pause_max(
+    aiohttp_client: AiohttpClient, tmp_path: Path, api: ForeignApi
+) -> None:
+    """Retry-After: 3600 with --pause-max 0.5: paused half a second, then asked again."""
+    script = Supplier429("3600")
+    api.answer = script
+    client = await start(aiohttp_client, tmp_path, api, pause_max=0.5)
+    assert code_of(await ask(client)) == "http_429"
+    told = time.monotonic()
+    assert code_of(await ask(client)) == "rate_limited"
+    metrics = await (await client.get("/metrics")).text()
+    (left,) = re.findall(r'quoteflow_supplier_pause_seconds\{supplier="quay"\} ([0-9.]+)', metrics)
+    assert 0 < float(left) <= 0.5
+    script.busy = False
+    while code_of(await ask(client)) is not None:
+        assert time.monotonic() - told < 3.0, "still paused long after pause_max"
+        await asyncio.sleep(0.05)
 
 
 async def test_under_load_a_paused_supplier_sees_one_wave_per_pause(
