@@ -23,6 +23,9 @@ from quoteflow.callers import LocalMeter, Rate, Standing
 class RateMeter(Protocol):
     """Admits one attempt at ``name``'s rate, or says how long until the next one may go."""
 
+    def spend_now(self, name: str, rate: Rate) -> tuple[bool, Standing] | None:
+        """The answer if it needs no round trip (a lease, this process's meter), else ``None``."""
+
     async def spend(self, name: str, rate: Rate) -> tuple[bool, Standing]: ...
 
 
@@ -31,6 +34,9 @@ class LocalRates:
 
     def __init__(self) -> None:
         self._meter = LocalMeter()
+
+    def spend_now(self, name: str, rate: Rate) -> tuple[bool, Standing]:
+        return self._meter.spend(name, rate, time.monotonic())
 
     async def spend(self, name: str, rate: Rate) -> tuple[bool, Standing]:
         return self._meter.spend(name, rate, time.monotonic())

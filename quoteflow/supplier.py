@@ -632,6 +632,10 @@ class SupplierClient:
         The wait holds no outbound slot, and ends as soon as the supplier's
         learned attempt time would no longer fit before the deadline.
         """
+        # Far from the limit a turn is had without a round trip or a timer.
+        found = self._rates.spend_now(trace.supplier, rate)
+        if found is not None and found[0]:
+            return True
         since = time.monotonic()
         waited = False
         while True:

@@ -150,8 +150,12 @@ class SharedMeter:
         self._retry_redis_at = -math.inf
         self.calls = {"ok": 0, "late_loop": 0, "failed": 0}
 
-    async def spend(self, name: str, rate: Rate) -> tuple[bool, Standing]:
-        """Admit one request of ``name`` for the fleet, or refuse it; where it stands after."""
+    def spend_now(self, name: str, rate: Rate) -> tuple[bool, Standing] | None:
+        """Admit or refuse ``name`` without a round trip, if this worker can; ``None``: ask Redis.
+
+        It can from a lease, a refusal Redis already gave, or its own share
+        while Redis is out of reach: the common case far from the quota.
+        """
         now = time.monotonic()
         retry_at = self._retry_at.get(name)
         if retry_at is not None:
@@ -166,6 +170,14 @@ class SharedMeter:
             del self._leases[name]
         if now < self._retry_redis_at or not self._coordinated():
             return self._spend_locally(name, rate, now)
+        return None
+
+    async def spend(self, name: str, rate: Rate) -> tuple[bool, Standing]:
+        """Admit one request of ``name`` for the fleet, or refuse it; where it stands after."""
+        found = self.spend_now(name, rate)
+        if found is not None:
+            return found
+        now = time.monotonic()
         asking = self._asking.get(name, 0)
         # Concurrent requests of one caller must not each take a lease sized
         # for one worker: only the first asks for more than itself.
