@@ -34,7 +34,8 @@ lab's ``rate_refused`` for atlas, 0 a call under (issue 30's target), what
 arrival jitter costs at the same figure, and what QuoteFlow's 429 pauses
 alone leave without a rate.
 
-Standalone: ``python -m bench.contracts [--rounds 3] [--duration 4]``.
+Standalone: ``python -m bench.contracts [--rounds 3] [--duration 4] [--latency-ms 0]``
+(``--latency-ms 400``: the same with suppliers that take 400 ms).
 """
 
 from __future__ import annotations
@@ -325,8 +326,11 @@ def lab_rate_runs(
     return runs
 
 
-def measure(bench: Bench, *, rounds: int, duration_s: float) -> dict[str, Any]:
-    """Start the lab and every contender, run every block and the lab-rate runs, stop them."""
+def measure(bench: Bench, *, rounds: int, duration_s: float, latency_ms: int = 0) -> dict[str, Any]:
+    """Start the lab and every contender, run every block and the lab-rate runs, stop them.
+
+    ``latency_ms``: how long the lab takes to answer each call (0: at once).
+    """
     contenders: dict[str, Contender] = {}
     services: list[Service] = []
     scratch = Path(tempfile.mkdtemp(prefix="bench-contracts-"))
@@ -340,6 +344,8 @@ def measure(bench: Bench, *, rounds: int, duration_s: float) -> dict[str, Any]:
             cwd=ROOT,
         )
         services.append(lab)
+        if latency_ms:
+            http("PUT", lab.url + "/latency", {"ms": latency_ms})
         files = catalogues(lab.url, scratch)
         for name, path in files.items():
             contenders[f"single-{name}"] = _single(bench, name, path)
@@ -396,6 +402,7 @@ def measure(bench: Bench, *, rounds: int, duration_s: float) -> dict[str, Any]:
         },
         "lab_rate": LAB_RATE,
         "contracted": CONTRACTED,
+        "latency_ms": latency_ms,
         "runs": runs,
         "lab_rate_runs": lab_rate,
         "all_three_quoted": checks,
@@ -471,6 +478,7 @@ def summarize(section: dict[str, Any]) -> dict[str, Any]:
         summary[mode] = {"medians": medians, "ratios": pairs, "lab_rate": lab_rate}
     summary["lab_rate"] = section["lab_rate"]
     summary["contracted"] = section["contracted"]
+    summary["latency_ms"] = section.get("latency_ms", 0)
     summary["all_three_quoted"] = all(section["all_three_quoted"].values())
     summary["coordination_down"] = sum(section["coordination_down"].values())
     return summary
@@ -617,7 +625,8 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 def table(summary: dict[str, Any]) -> str:
     """The section's lines for the report."""
-    lines = ["", "supplier contracts (saturate)   throughput ratio   CPU per 200 ratio"]
+    title = f"supplier contracts (saturate, lab at {summary['latency_ms']} ms)"
+    lines = ["", f"{title:<40} throughput ratio   CPU per 200 ratio"]
     for mode in MODES:
         for pair, found in summary[mode]["ratios"].items():
             tp, cpu = (_median(found[key]) for key in ("throughput", "cpu"))
@@ -641,6 +650,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.contracts", description=__doc__)
     parser.add_argument("--rounds", type=int, default=MIN_ROUNDS)
     parser.add_argument("--duration", type=float, default=4.0)
+    parser.add_argument("--latency-ms", type=int, default=0)
     args = parser.parse_args(argv)
     scratch = Path(tempfile.mkdtemp(prefix="bench-contracts-out-"))
     try:
@@ -648,7 +658,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             ["--duration", str(args.duration), "--rounds", "1", "--out", str(scratch)]
         )
         bench = Bench(options, Limits(), find_wrk())
-        section = measure(bench, rounds=args.rounds, duration_s=args.duration)
+        section = measure(
+            bench, rounds=args.rounds, duration_s=args.duration, latency_ms=args.latency_ms
+        )
     except BenchError as exc:
         print(f"bench.contracts: {exc}", file=sys.stderr)
         return 1
