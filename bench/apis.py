@@ -41,7 +41,7 @@ import attrs
 
 from bench.catalogue import before_tree, measured_run, settle
 from bench.procs import BenchError, Service, free_port, http, start, stop
-from bench.report import Target
+from bench.report import Target, target_line
 from bench.stats import ratio, spread
 from bench.wrk import find_wrk, run_wrk
 
@@ -355,9 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = summarize(section)
     print(table(summary))
     for target in targets(summary):
-        mark = {True: "met", False: "NOT met", None: "reported"}[target["met"]]
-        value = target["ratio"] or target["quoteflow"]
-        print(f"  {target['metric']}: {value} (target {target['target']}): {mark}")
+        print(target_line(target))
     return 0
 
 

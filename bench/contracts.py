@@ -54,7 +54,7 @@ import attrs
 from bench import fleet
 from bench.catalogue import settle
 from bench.procs import HOST, BenchError, Service, free_port, http, start, stop
-from bench.report import Target, _fmt
+from bench.report import Target, _fmt, reported, target_line
 from bench.stats import ratio, spread
 from bench.wrk import find_wrk, run_wrk
 
@@ -522,60 +522,45 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
         )
         reached = entry["ratios"]["reached/none"]["cpu"]
         rows.append(
-            Target(
+            reported(
                 NAME,
                 f"CPU per 200 (ms), {mode}: rate {REACHED} (reached) | none",
                 _fmt(per["reached"]["cpu_ms_per_200"], 3),
                 _fmt(per["none"]["cpu_ms_per_200"], 3),
                 _fmt(reached, 2),
-                "reported",
-                None,
             )
         )
         rows.append(
-            Target(
+            reported(
                 NAME,
                 f"share of answers with the supplier rate_limited, {mode}: rate {REACHED}",
                 _shares(per["reached"]["rate_limited_share"]),
-                "",
-                "",
-                "reported",
-                None,
             )
         )
         rows.append(
-            Target(
+            reported(
                 NAME,
                 f"lab's calls a second per supplier, {mode}: rate {REACHED}",
                 ", ".join(f"{s} {_fmt(per['reached']['lab_sent_per_s'][s])}" for s in THREE),
-                "",
-                "",
-                "reported",
-                None,
             )
         )
         if mode == "fleet":
             with_redis = entry["ratios"]["unreached/none"]["cpu_redis"]
             rows.append(
-                Target(
+                reported(
                     NAME,
                     f"CPU per 200 (ms) with redis-server, fleet: rate {UNREACHED} | none",
                     _fmt(per["unreached"]["cpu_ms_per_200_with_redis"], 3),
                     _fmt(per["none"]["cpu_ms_per_200_with_redis"], 3),
                     _fmt(with_redis, 2),
-                    "reported",
-                    None,
                 )
             )
             rows.append(
-                Target(
+                reported(
                     NAME,
                     f"Redis round trips (EVALSHA) per request, fleet: rate {UNREACHED} | none",
                     _fmt(per["unreached"]["evalsha_per_request"], 3),
                     _fmt(per["none"]["evalsha_per_request"], 3),
-                    "",
-                    "reported",
-                    None,
                 )
             )
         ran = entry["lab_rate"]
@@ -669,10 +654,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = summarize(section)
     print(table(summary))
     for target in targets(summary):
-        mark = {True: "met", False: "NOT met", None: "reported"}[target["met"]]
-        shown = target["quoteflow"] + (f" | {target['bare']}" if target["bare"] else "")
-        ratio_shown = f" = {target['ratio']}" if target["ratio"] else ""
-        print(f"  {target['metric']}: {shown}{ratio_shown} (target {target['target']}): {mark}")
+        print(target_line(target))
     return 0
 
 

@@ -149,6 +149,19 @@ def _pair_median(summary: dict[str, Any], workload: str, metric: str) -> float |
     return None if found is None else float(found["median"])
 
 
+def reported(workload: str, metric: str, quoteflow: str, bare: str = "", ratio: str = "") -> Target:
+    """A figure shown without a target."""
+    return Target(workload, metric, quoteflow, bare, ratio, "reported", None)
+
+
+def target_line(target: dict[str, Any]) -> str:
+    """One target as a section run on its own prints it: its figures, the target, met or not."""
+    mark = {True: "met", False: "NOT met", None: "reported"}[target["met"]]
+    shown = target["quoteflow"] + (f" | {target['bare']}" if target["bare"] else "")
+    ratio = f" = {target['ratio']}" if target["ratio"] else ""
+    return f"  {target['metric']}: {shown}{ratio} (target {target['target']}): {mark}"
+
+
 def _fmt(value: Spread | None, digits: int = 1, scale: float = 1.0, unit: str = "") -> str:
     if value is None:
         return "–"

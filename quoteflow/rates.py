@@ -8,16 +8,26 @@ Redis for every worker, leased where far from the limit, and keeps each
 worker to ``rate / live workers`` while Redis is out of reach.
 
 An attempt the rate refuses waits for its turn only while the deadline still
-leaves the supplier its learned attempt time (``supplier.py``), holding no
-outbound slot while it waits; otherwise it is not sent: ``rate_limited``.
+leaves the supplier its learned attempt time, holding no outbound slot while
+it waits; otherwise it is not sent: ``rate_limited``. The attempts waiting
+for one supplier stand in line (``Turns``), first come first served: only
+the first asks the meter, and each of the others reckons its wait as the
+turns of those ahead of it, so an attempt whose turn would come too late is
+refused at once rather than after waiting nearly its whole deadline for a
+turn that goes to someone else — and the attempts woken for a turn are woken
+one turn apart, not all at once.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from quoteflow.callers import LocalMeter, Rate, Standing
+from quoteflow.models import MovingDeadline
 
 
 class RateMeter(Protocol):
@@ -27,6 +37,9 @@ class RateMeter(Protocol):
         """The answer if it needs no round trip (a lease, this process's meter), else ``None``."""
 
     async def spend(self, name: str, rate: Rate) -> tuple[bool, Standing]: ...
+
+    def peek(self, name: str, rate: Rate) -> Standing:
+        """Where ``name`` stands now, spending nothing and asking no one."""
 
 
 class LocalRates:
@@ -40,3 +53,68 @@ class LocalRates:
 
     async def spend(self, name: str, rate: Rate) -> tuple[bool, Standing]:
         return self._meter.spend(name, rate, time.monotonic())
+
+    def peek(self, name: str, rate: Rate) -> Standing:
+        return self._meter.peek(name, rate, time.monotonic())
+
+
+class Turns:
+    """Turns of each supplier's rate, and the attempts waiting for one, first come first served."""
+
+    def __init__(self, meter: RateMeter) -> None:
+        self._meter = meter
+        self._lines: dict[str, list[int]] = {}
+        """Tickets of the attempts waiting for each supplier's turn, oldest first."""
+        self._tickets = itertools.count()
+
+    async def take(
+        self,
+        name: str,
+        rate: Rate,
+        deadline: float | MovingDeadline,
+        needed: Callable[[float], float],
+    ) -> tuple[bool, float | None]:
+        """A turn of ``name``'s ``rate``, waited for while the attempt could still finish.
+
+        ``needed(now)``: the time the attempt needs once sent; it must still
+        fit before ``deadline`` (a shared call's moves) when the turn comes.
+        Returns whether the turn was had, and how long was waited for it
+        (``None``: had at once).
+        """
+        line = self._lines.get(name)
+        if not line:
+            # Far from the limit a turn is had without a round trip or a timer.
+            found = self._meter.spend_now(name, rate)
+            if found is not None and found[0]:
+                return True, None
+        since = time.monotonic()
+        ticket = next(self._tickets)
+        line = self._lines.setdefault(name, [])
+        line.append(ticket)
+        waited = False
+        try:
+            while True:
+                ahead = line.index(ticket)
+                now = time.monotonic()
+                if ahead:
+                    wait = max(self._meter.peek(name, rate).wait, 0.0) + ahead * rate.interval
+                else:
+                    # A slow round trip to the fleet's meter must not eat the
+                    # attempt's own time: past what is left, there is no turn.
+                    try:
+                        async with asyncio.timeout(max(0.0, deadline - now - needed(now))):
+                            admitted, standing = await self._meter.spend(name, rate)
+                    except TimeoutError:
+                        return False, time.monotonic() - since
+                    if admitted:
+                        return True, (time.monotonic() - since) if waited else None
+                    wait = max(standing.wait, 0.001)
+                    now = time.monotonic()
+                if deadline - now - wait < needed(now):
+                    return False, now - since
+                await asyncio.sleep(wait)
+                waited = True
+        finally:
+            line.remove(ticket)
+            if not line:
+                del self._lines[name]

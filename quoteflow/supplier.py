@@ -72,7 +72,7 @@ from quoteflow.models import (
     http_failure_code,
 )
 from quoteflow.pauses import Pauses, pause_for
-from quoteflow.rates import LocalRates, RateMeter
+from quoteflow.rates import LocalRates, RateMeter, Turns
 from quoteflow.retry import AttemptTimeEstimate, RetryBudget, RetryLimiter, retry_after_delay
 from quoteflow.slots import OutboundLimiter, OutboundSlots
 from quoteflow.templates import Shaped
@@ -343,7 +343,7 @@ class SupplierClient:
         self._session = session
         self.pauses = pauses or Pauses(settings.pause_max)
         """Suppliers paused after a 429 with ``Retry-After`` (shared by the fleet's workers)."""
-        self._rates = rates or LocalRates()
+        self._turns = Turns(rates or LocalRates())
         """Each supplier's outbound rate (``rates.py``): this process's, or the fleet's."""
         self.token_fetches = {}
         self._retired: set[TokenKeeper] = set()
@@ -632,34 +632,12 @@ class SupplierClient:
         The wait holds no outbound slot, and ends as soon as the supplier's
         learned attempt time would no longer fit before the deadline.
         """
-        # Far from the limit a turn is had without a round trip or a timer.
-        found = self._rates.spend_now(trace.supplier, rate)
-        if found is not None and found[0]:
-            return True
-        since = time.monotonic()
-        waited = False
-        while True:
-            asked_at = time.monotonic()
-            left = call.deadline - asked_at - call.attempt_time.needed_at(asked_at)
-            try:
-                # A slow round trip to the fleet's meter must not eat the
-                # attempt's own time: past what is left, there is no turn.
-                async with asyncio.timeout(max(0.0, left)):
-                    admitted, standing = await self._rates.spend(trace.supplier, rate)
-            except TimeoutError:
-                trace.rate_wait = (trace.rate_wait or 0.0) + time.monotonic() - since
-                return False
-            now = time.monotonic()
-            if admitted:
-                if waited:
-                    trace.rate_wait = (trace.rate_wait or 0.0) + now - since
-                return True
-            wait = max(standing.wait, 0.001)
-            if call.deadline - now - wait < call.attempt_time.needed_at(now):
-                trace.rate_wait = (trace.rate_wait or 0.0) + now - since
-                return False
-            await asyncio.sleep(wait)
-            waited = True
+        admitted, waited = await self._turns.take(
+            trace.supplier, rate, call.deadline, call.attempt_time.needed_at
+        )
+        if waited is not None:
+            trace.rate_wait = (trace.rate_wait or 0.0) + waited
+        return admitted
 
     async def _token(self, tokens: TokenKeeper, trace: SupplierTrace) -> str | None:
         """Wait for the one token fetch under way; ``None`` if it brings no token."""

@@ -124,3 +124,33 @@ async def test_two_workers_share_one_rate_through_redis(
     # (98 % and more on a quiet machine; the bound leaves room for a loaded one.)
     settled = [code_of(answer) in (None, "rate_limited") for answer in answers]
     assert sum(settled) >= 0.95 * len(answers)
+
+
+async def test_attempts_past_the_rate_stand_in_line_and_one_too_far_back_is_refused_at_once(
+    aiohttp_client: AiohttpClient, tmp_path: Path, api: ForeignApi
+) -> None:
+    """40 requests at once against 20/1s: 20 go, the next few wait a turn each, the rest at once.
+
+    A turn every 50 ms fits only the first few of those waiting inside a
+    0.5 s budget; the ones further back are told rate_limited straight away
+    instead of waiting nearly their whole deadline for turns others take.
+    """
+    api.answer = quote
+    client = await start(aiohttp_client, tmp_path, api, inbound_limit=64)
+
+    async def one() -> dict[str, Any]:
+        response = await client.post("/api/quotes?explain=1", json={"quantity": 1})
+        assert response.status == 200
+        answer: dict[str, Any] = await response.json()
+        return answer
+
+    answers = await asyncio.gather(*(one() for _ in range(40)))
+    quoted = [a for a in answers if code_of(a) is None]
+    refused = [a for a in answers if code_of(a) == "rate_limited"]
+    assert len(quoted) + len(refused) == 40
+    assert 20 + 2 <= len(quoted) <= 20 + 10  # the burst, then a turn every 50 ms
+    waited = [a["explain"]["suppliers"]["quay"].get("rate_wait_ms") for a in quoted]
+    assert sum(w is not None for w in waited) >= 2  # those in line waited for a turn
+    at_once = [a for a in refused if a["elapsed_ms"] < BUDGET * 1000 / 3]
+    assert len(at_once) >= len(refused) - 2, [a["elapsed_ms"] for a in refused]
+    assert sent_to_quay(api) == len(quoted)

@@ -45,6 +45,7 @@ was emptied has forgotten every level: each caller starts with a full quota.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -142,8 +143,8 @@ class SharedMeter:
         """Each caller's level as Redis last gave it, for answers that spend nothing."""
         self._leases: dict[str, Lease] = {}
         """Requests Redis granted this worker ahead of time, by caller."""
-        self._asking: dict[str, int] = {}
-        """Round trips in flight, by caller: while one is, the others ask for one request."""
+        self._asking: dict[str, asyncio.Event] = {}
+        """The round trip in flight, by caller, set when it is answered: the others wait for it."""
         self.fallback = LocalMeter()
         """This worker's share of each rate while Redis is out of reach."""
         self.down = False
@@ -173,16 +174,24 @@ class SharedMeter:
         return None
 
     async def spend(self, name: str, rate: Rate) -> tuple[bool, Standing]:
-        """Admit one request of ``name`` for the fleet, or refuse it; where it stands after."""
-        found = self.spend_now(name, rate)
-        if found is not None:
-            return found
-        now = time.monotonic()
-        asking = self._asking.get(name, 0)
-        # Concurrent requests of one caller must not each take a lease sized
-        # for one worker: only the first asks for more than itself.
-        want = 1 if asking else self._lease_size(name, rate, now)
-        self._asking[name] = asking + 1
+        """Admit one request of ``name`` for the fleet, or refuse it; where it stands after.
+
+        One round trip per name at a time in this worker: what it brings back
+        (a lease, or a refusal until a time) answers the requests that waited
+        for it without a round trip of their own. Without that, requests woken
+        together for the same turn would each ask Redis, and all but one be
+        refused: near the quota, a round trip per waiter per turn.
+        """
+        while True:
+            found = self.spend_now(name, rate)
+            if found is not None:
+                return found
+            asking = self._asking.get(name)
+            if asking is None:
+                break
+            await asking.wait()
+        asked = self._asking[name] = asyncio.Event()
+        want = self._lease_size(name, rate, time.monotonic())
         # The time limit is Redis': a reply that came in time but was read late
         # because this loop was busy is not a Redis failure (fleet.deadline).
         deadline = self._deadline()
@@ -198,11 +207,8 @@ class SharedMeter:
             self._lost(f"{type(exc).__name__}: {exc}".strip())
             return self._spend_locally(name, rate, time.monotonic())
         finally:
-            left = self._asking[name] - 1
-            if left:
-                self._asking[name] = left
-            else:
-                del self._asking[name]
+            del self._asking[name]
+            asked.set()
         self.calls["late_loop" if deadline.loop_was_late else "ok"] += 1
         if self.fallback.buckets:
             self.fallback.buckets.clear()  # the fleet's level counts again, not our share
