@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp import AiohttpClient
@@ -17,6 +18,7 @@ from pytest_aiohttp import AiohttpClient
 from quoteflow.app import COORDINATOR, create_app
 from quoteflow.config import Settings
 from quoteflow.options import load_catalogue
+from quoteflow.reload import reload_all
 from tests.api_fakes import Arrived, ForeignApi, catalogue_text
 from tests.catalogue_fakes import offer
 from tests.conftest import TEST_CONNECT_TIMEOUT
@@ -154,3 +156,56 @@ async def test_attempts_past_the_rate_stand_in_line_and_one_too_far_back_is_refu
     at_once = [a for a in refused if a["elapsed_ms"] < BUDGET * 1000 / 3]
     assert len(at_once) >= len(refused) - 2, [a["elapsed_ms"] for a in refused]
     assert sent_to_quay(api) == len(quoted)
+
+
+@pytest.mark.parametrize("fleet", [False, True], ids=["single", "fleet"])
+async def test_a_reload_changes_a_rate_live(
+    aiohttp_client: AiohttpClient,
+    tmp_path: Path,
+    api: ForeignApi,
+    redis_server: RedisServer,
+    fleet: bool,
+) -> None:
+    """20/1s, then 5/1s after a reload (never more than 5 a second from then), then 40/1s.
+
+    In fleet mode both workers reload, and the rate holds for the two together.
+    """
+    api.answer = quote
+    overrides: dict[str, Any] = (
+        {"redis_url": redis_server.url, "redis_timeout": 0.2} if fleet else {}
+    )
+    clients = [await start(aiohttp_client, tmp_path, api, **overrides)]
+    if fleet:
+        clients.append(await start(aiohttp_client, tmp_path, api, **overrides))
+        await wait_until(
+            lambda: all(c.app[COORDINATOR].up and c.app[COORDINATOR].workers == 2 for c in clients)
+        )
+
+    def rate(text: str) -> None:
+        (tmp_path / "suppliers.toml").write_text(
+            catalogue_text(
+                [
+                    {"name": "quay", "url": f"{api.url}/quay/q", "rate": text},
+                    {"name": "plain", "url": f"{api.url}/plain/q"},
+                ]
+            )
+        )
+        for client in clients:
+            reload_all(client.app)
+
+    async def phase(seconds: float) -> tuple[int, float]:
+        before, began = sent_to_quay(api), time.monotonic()
+        answers = await load(clients, seconds, 8 // len(clients))
+        settled = [code_of(answer) in (None, "rate_limited") for answer in answers]
+        assert sum(settled) >= 0.95 * len(answers)
+        return sent_to_quay(api) - before, time.monotonic() - began
+
+    sent, seconds = await phase(1.0)
+    assert sent >= 20  # at least the burst
+    rate("5/1s")
+    sent, seconds = await phase(2.0)
+    # What was used drains at the new rate: no new burst (a lease's request or two more).
+    assert sent <= 5 * seconds + 3
+    rate("40/1s")
+    sent, seconds = await phase(1.5)
+    assert sent > 5 * seconds + 5  # the higher rate is used at once
