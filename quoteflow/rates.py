@@ -41,6 +41,12 @@ class RateMeter(Protocol):
     def peek(self, name: str, rate: Rate) -> Standing:
         """Where ``name`` stands now, spending nothing and asking no one."""
 
+    def keep_only(self, names: set[str]) -> None:
+        """After a reload: forget the suppliers it removed, and what the old rates decided."""
+
+    def lines(self) -> int:
+        """How many processes' lines share these turns (the fleet's live workers; else 1)."""
+
 
 class LocalRates:
     """Every supplier's rate in this process (one process; no Redis)."""
@@ -57,6 +63,12 @@ class LocalRates:
     def peek(self, name: str, rate: Rate) -> Standing:
         return self._meter.peek(name, rate, time.monotonic())
 
+    def keep_only(self, names: set[str]) -> None:
+        self._meter.keep_only(names)
+
+    def lines(self) -> int:
+        return 1
+
 
 class Turns:
     """Turns of each supplier's rate, and the attempts waiting for one, first come first served."""
@@ -66,6 +78,10 @@ class Turns:
         self._lines: dict[str, list[int]] = {}
         """Tickets of the attempts waiting for each supplier's turn, oldest first."""
         self._tickets = itertools.count()
+
+    def keep_only(self, names: set[str]) -> None:
+        """After a reload: the meter forgets removed suppliers and the old rates' decisions."""
+        self._meter.keep_only(names)
 
     async def take(
         self,
@@ -96,9 +112,14 @@ class Turns:
             while True:
                 ahead = line.index(ticket)
                 now = time.monotonic()
-                if ahead:
-                    wait = max(self._meter.peek(name, rate).wait, 0.0) + ahead * rate.interval
-                else:
+                # The turn of the one ``ahead`` places back: free now while
+                # the burst has room for those ahead of it too.
+                # In the fleet every worker's line takes turns from the same
+                # rate: counted as if each were as long as this one, so that a
+                # turn that would come too late is refused now, not at the end.
+                places = ahead * self._meter.lines()
+                wait = _turn_in(self._meter.peek(name, rate), places) if ahead else 0.0
+                if not wait:
                     # A slow round trip to the fleet's meter must not eat the
                     # attempt's own time: past what is left, there is no turn.
                     try:
@@ -108,8 +129,11 @@ class Turns:
                         return False, time.monotonic() - since
                     if admitted:
                         return True, (time.monotonic() - since) if waited else None
-                    wait = max(standing.wait, 0.001)
+                    wait = _turn_in(standing, places)
                     now = time.monotonic()
+                # At least a millisecond: a rate of a million a second must not
+                # wake its line a thousand times while one round trip is out.
+                wait = max(wait, 0.001)
                 if deadline - now - wait < needed(now):
                     return False, now - since
                 await asyncio.sleep(wait)
@@ -118,3 +142,8 @@ class Turns:
             line.remove(ticket)
             if not line:
                 del self._lines[name]
+
+
+def _turn_in(standing: Standing, ahead: int) -> float:
+    """Seconds until the turn of the attempt with ``ahead`` others before it in line."""
+    return max(0.0, standing.used + ahead + 1 - standing.burst) * standing.interval

@@ -345,6 +345,10 @@ class SupplierClient:
         """Suppliers paused after a 429 with ``Retry-After`` (shared by the fleet's workers)."""
         self._turns = Turns(rates or LocalRates())
         """Each supplier's outbound rate (``rates.py``): this process's, or the fleet's."""
+        self._turn_slack = 0.0 if rates is None else settings.redis_timeout
+        """Time a turn must leave beyond the attempt's own: in the fleet, a sync's, to lease
+        a slot. A turn won with only the attempt's time left found the supplier's slots
+        lapsed after the wait, and was spent for nothing."""
         self.token_fetches = {}
         self._retired: set[TokenKeeper] = set()
         """Keepers a reload replaced: a fetch of theirs may still run until shutdown."""
@@ -391,6 +395,7 @@ class SupplierClient:
             state = states[supplier.name] = _SupplierState(supplier, settings, budget, attempt_time)
             state.tokens = self._keeper(supplier, old)
         self._suppliers = states  # swapped whole: no request sees half of it
+        self._turns.keep_only(set(catalogue.names))
 
     def _keeper(self, supplier: Supplier, old: _SupplierState | None) -> TokenKeeper | None:
         """The supplier's token keeper: the old one if its OAuth2 client is unchanged."""
@@ -632,8 +637,12 @@ class SupplierClient:
         The wait holds no outbound slot, and ends as soon as the supplier's
         learned attempt time would no longer fit before the deadline.
         """
+        slack, needed_at = self._turn_slack, call.attempt_time.needed_at
         admitted, waited = await self._turns.take(
-            trace.supplier, rate, call.deadline, call.attempt_time.needed_at
+            trace.supplier,
+            rate,
+            call.deadline,
+            (lambda now: needed_at(now) + slack) if slack else needed_at,
         )
         if waited is not None:
             trace.rate_wait = (trace.rate_wait or 0.0) + waited

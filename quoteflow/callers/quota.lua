@@ -6,8 +6,9 @@
 -- ARGV[3]  want: requests asked for at once (a lease; 1 near the quota)
 -- Reply    {granted (1..want), used after them}, or {0, used now}: refused.
 --
--- One clock for the fleet: Redis' own (TIME). A refusal writes nothing. The
--- key expires once it has drained: an idle caller costs no memory.
+-- One clock for the fleet: Redis' own (TIME). A refusal writes nothing (but a
+-- longer expiry after a lowered rate). The key expires once it has drained:
+-- an idle caller costs no memory.
 local burst = tonumber(ARGV[1])
 local interval = tonumber(ARGV[2])
 local want = tonumber(ARGV[3])
@@ -25,6 +26,13 @@ if state then
 end
 
 if used + 1 > burst then
+  -- A rate a reload lowered drains the level more slowly than the expiry set
+  -- at the old rate allowed for: keep the key until it has drained, or the
+  -- fleet would forget what was used and grant a whole burst again.
+  local keep = math.ceil(used * interval) + 1000
+  if redis.call('PTTL', KEYS[1]) < keep then
+    redis.call('PEXPIRE', KEYS[1], keep)
+  end
   return {0, string.format('%.6f', used)}
 end
 local granted = math.min(want, math.floor(burst - used))

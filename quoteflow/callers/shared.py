@@ -144,7 +144,7 @@ class SharedMeter:
         self._leases: dict[str, Lease] = {}
         """Requests Redis granted this worker ahead of time, by caller."""
         self._asking: dict[str, asyncio.Event] = {}
-        """The round trip in flight, by caller, set when it is answered: the others wait for it."""
+        """The round trip others wait for, by caller, set once its answer is recorded."""
         self.fallback = LocalMeter()
         """This worker's share of each rate while Redis is out of reach."""
         self.down = False
@@ -176,26 +176,34 @@ class SharedMeter:
     async def spend(self, name: str, rate: Rate) -> tuple[bool, Standing]:
         """Admit one request of ``name`` for the fleet, or refuse it; where it stands after.
 
-        One round trip per name at a time in this worker: what it brings back
-        (a lease, or a refusal until a time) answers the requests that waited
-        for it without a round trip of their own. Without that, requests woken
-        together for the same turn would each ask Redis, and all but one be
-        refused: near the quota, a round trip per waiter per turn.
+        A request that finds a round trip of its name in flight waits for it
+        once: what it brings back (a lease, or a refusal until a time) may
+        answer this one without a round trip of its own. Without that,
+        requests woken together for the same turn would each ask Redis and
+        all but one be refused. Once only: after it, a request that still
+        needs Redis asks for itself, at once, as before, so concurrent
+        requests never queue behind one another's round trips.
         """
-        while True:
+        found = self.spend_now(name, rate)
+        if found is not None:
+            return found
+        asking = self._asking.get(name)
+        if asking is not None:
+            await asking.wait()
             found = self.spend_now(name, rate)
             if found is not None:
                 return found
-            asking = self._asking.get(name)
-            if asking is None:
-                break
-            await asking.wait()
-        asked = self._asking[name] = asyncio.Event()
-        want = self._lease_size(name, rate, time.monotonic())
-        # The time limit is Redis': a reply that came in time but was read late
-        # because this loop was busy is not a Redis failure (fleet.deadline).
-        deadline = self._deadline()
+        # Concurrent requests of one name must not each take a lease sized
+        # for one worker: only the one others wait for asks for more than itself.
+        first = name not in self._asking
+        asked = asyncio.Event()
+        if first:
+            self._asking[name] = asked
         try:
+            want = self._lease_size(name, rate, time.monotonic()) if first else 1
+            # The time limit is Redis': a reply that came in time but was read late
+            # because this loop was busy is not a Redis failure (fleet.deadline).
+            deadline = self._deadline()
             async with deadline:
                 reply = await self._script(
                     keys=[f"{self._prefix}:{name}"],
@@ -206,10 +214,19 @@ class SharedMeter:
             self.calls["failed"] += 1
             self._lost(f"{type(exc).__name__}: {exc}".strip())
             return self._spend_locally(name, rate, time.monotonic())
+        else:
+            return self._heard(name, rate, granted, used, late=deadline.loop_was_late)
         finally:
-            del self._asking[name]
-            asked.set()
-        self.calls["late_loop" if deadline.loop_was_late else "ok"] += 1
+            # After what it brought back is recorded, so the requests woken find it.
+            if first:
+                del self._asking[name]
+                asked.set()
+
+    def _heard(
+        self, name: str, rate: Rate, granted: int, used: float, *, late: bool
+    ) -> tuple[bool, Standing]:
+        """Record Redis' answer: the fleet's level, a lease, or a refusal until a time."""
+        self.calls["late_loop" if late else "ok"] += 1
         if self.fallback.buckets:
             self.fallback.buckets.clear()  # the fleet's level counts again, not our share
         if self.down:
@@ -234,11 +251,23 @@ class SharedMeter:
             return self.fallback.peek(name, rate, now, self._share())
         return self._standing(name, rate, now)
 
+    def lines(self) -> int:
+        """Workers taking turns of the same rates: the live ones, or 1 on this one's own share."""
+        if self.down or not self._coordinated():
+            return 1
+        return self._share()
+
     def keep_only(self, names: set[str]) -> None:
-        """Forget the callers a reload removed; give up every lease (a rate may have changed)."""
-        for table in (self._retry_at, self._last):
-            for name in set(table) - names:
-                del table[name]
+        """Forget the names a reload removed; give up every lease and every refusal.
+
+        A rate may have changed: a lease was sized, and a refusal timed, by
+        the old one (raised from 1/60s to 60/1s, a refusal kept would hold
+        for up to a minute). The level as last heard stays; it drains at the
+        new rate, as Redis' does.
+        """
+        for name in set(self._last) - names:
+            del self._last[name]
+        self._retry_at.clear()
         self._leases.clear()
         self.fallback.keep_only(names)
 
