@@ -10,12 +10,13 @@ worker to ``rate / live workers`` while Redis is out of reach.
 An attempt the rate refuses waits for its turn only while the deadline still
 leaves the supplier its learned attempt time, holding no outbound slot while
 it waits; otherwise it is not sent: ``rate_limited``. The attempts waiting
-for one supplier stand in line (``Turns``), first come first served: only
-the first asks the meter, and each of the others reckons its wait as the
-turns of those ahead of it, so an attempt whose turn would come too late is
-refused at once rather than after waiting nearly its whole deadline for a
-turn that goes to someone else — and the attempts woken for a turn are woken
-one turn apart, not all at once.
+for one supplier stand in line (``Turns``), first come first served: the
+first asks the meter, those behind it too while the burst has room for them
+all, and each of the others reckons its wait as the turns of those ahead of
+it (in the fleet, as if every worker's line were as long). So an attempt
+whose turn would come too late is refused at once rather than after waiting
+nearly its whole deadline for a turn that goes to someone else, and the
+attempts woken for a turn are woken one turn apart, not all at once.
 """
 
 from __future__ import annotations
