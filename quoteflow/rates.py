@@ -113,11 +113,11 @@ class Turns:
             while True:
                 ahead = line.index(ticket)
                 now = time.monotonic()
-                # The turn of the one ``ahead`` places back: free now while
-                # the burst has room for those ahead of it too.
-                # In the fleet every worker's line takes turns from the same
-                # rate: counted as if each were as long as this one, so that a
-                # turn that would come too late is refused now, not at the end.
+                # A turn ``ahead`` places back is free now while the burst has
+                # room for those ahead too. In the fleet every worker's line
+                # takes turns of the same rate: counted as if each were as long
+                # as this one, so that a turn that would come too late is
+                # refused now, not at the end.
                 places = ahead * self._meter.lines()
                 wait = _turn_in(self._meter.peek(name, rate), places) if ahead else 0.0
                 if not wait:
