@@ -68,7 +68,7 @@ RECONNECT: Final = 0.5
 """Seconds after a failed call before this worker asks Redis again."""
 MAX_LEASE: Final = 32
 """Most requests of one caller Redis grants one worker in one round trip."""
-MAX_LEASE_TIME: Final = 0.5
+MAX_LEASE_TIME: Final = 2.0
 """Longest a lease lasts, seconds; unused by then, its requests are lost, never reused."""
 
 
