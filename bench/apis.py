@@ -41,7 +41,7 @@ import attrs
 
 from bench.catalogue import before_tree, measured_run, settle
 from bench.procs import BenchError, Service, free_port, http, start, stop
-from bench.report import Target, target_line
+from bench.report import Target, median_text, target_line
 from bench.stats import ratio, spread
 from bench.wrk import find_wrk, run_wrk
 
@@ -292,7 +292,7 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 f"CPU per 200 (ms): {top} | {bottom}",
                 _ms(per[top]["cpu_ms_per_200"]),
                 _ms(per[bottom]["cpu_ms_per_200"]),
-                _median(found),
+                median_text(found),
                 "reported" if limit is None else f"≤ {limit} × {bottom} (issue 29)",
                 None if found is None or limit is None else found["median"] <= limit,
             )
@@ -314,14 +314,10 @@ def table(summary: dict[str, Any]) -> str:
         "   throughput ratio   CPU per 200 ratio",
     ]
     for pair, found in summary["ratios"].items():
-        tp, cpu = (_median(found[key]) for key in ("throughput", "cpu"))
+        tp, cpu = (median_text(found[key]) for key in ("throughput", "cpu"))
         lines.append(f"  {pair:<22} {tp:>10}   {cpu:>12}")
     lines.append(f"  token fetches at the lab: {summary['token_fetches']}")
     return "\n".join(lines)
-
-
-def _median(found: dict[str, float] | None) -> str:
-    return "–" if found is None else f"{found['median']:.3f}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

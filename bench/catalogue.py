@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.procs import BenchError, Service, free_port, http, start, stop
+from bench.report import median_text
 from bench.stats import ratio, spread
 from bench.wrk import run_wrk
 
@@ -263,10 +264,6 @@ def table(summary: dict[str, Any]) -> str:
     """The section's lines for the report."""
     lines = ["", "catalogue (saturate)     throughput ratio   CPU per 200 ratio"]
     for pair, found in summary["ratios"].items():
-        tp, cpu = (_median(found[key]) for key in ("throughput", "cpu"))
+        tp, cpu = (median_text(found[key]) for key in ("throughput", "cpu"))
         lines.append(f"  {pair:<22} {tp:>10}   {cpu:>12}")
     return "\n".join(lines)
-
-
-def _median(found: dict[str, float] | None) -> str:
-    return "–" if found is None else f"{found['median']:.3f}"

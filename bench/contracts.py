@@ -54,7 +54,7 @@ import attrs
 from bench import fleet
 from bench.catalogue import settle
 from bench.procs import HOST, BenchError, Service, free_port, http, start, stop
-from bench.report import Target, _fmt, reported, target_line
+from bench.report import Target, _fmt, median_text, reported, target_line
 from bench.stats import ratio, spread
 from bench.wrk import find_wrk, run_wrk
 
@@ -614,7 +614,7 @@ def table(summary: dict[str, Any]) -> str:
     lines = ["", f"{title:<40} throughput ratio   CPU per 200 ratio"]
     for mode in MODES:
         for pair, found in summary[mode]["ratios"].items():
-            tp, cpu = (_median(found[key]) for key in ("throughput", "cpu"))
+            tp, cpu = (median_text(found[key]) for key in ("throughput", "cpu"))
             lines.append(f"  {mode:<6} {pair:<22} {tp:>10}   {cpu:>12}")
     contracted, lab_rate = summary["contracted"], summary["lab_rate"]
     for mode in MODES:
@@ -622,10 +622,6 @@ def table(summary: dict[str, Any]) -> str:
         shown = ", ".join(f"{name} {found['rate_refused']}" for name, found in ran.items())
         lines.append(f"  {mode:<6} lab's 429s for {contracted} at {lab_rate}: {shown}")
     return "\n".join(lines)
-
-
-def _median(found: dict[str, float] | None) -> str:
-    return "–" if found is None else f"{found['median']:.3f}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

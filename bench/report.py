@@ -149,6 +149,11 @@ def _pair_median(summary: dict[str, Any], workload: str, metric: str) -> float |
     return None if found is None else float(found["median"])
 
 
+def median_text(found: dict[str, float] | None) -> str:
+    """A spread's median as a section's table shows it (``–`` for none)."""
+    return "–" if found is None else f"{found['median']:.3f}"
+
+
 def reported(workload: str, metric: str, quoteflow: str, bare: str = "", ratio: str = "") -> Target:
     """A figure shown without a target."""
     return Target(workload, metric, quoteflow, bare, ratio, "reported", None)
