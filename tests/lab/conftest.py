@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Awaitable, Callable
+import contextlib
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import quote, quote_plus, urlencode
 
@@ -171,3 +174,33 @@ async def ask_path(
     path = f"/path/{supplier}/parts/{segment}/price?{urlencode(query, quote_via=quote)}"
     async with lab.session.get(raw_url(lab, path), headers=headers) as response:
         return response.status, await response.read()
+
+
+@contextlib.asynccontextmanager
+async def lab_process(*flags: str) -> AsyncIterator[str]:
+    """``python -m provider_lab --port 0 FLAGS`` as a process: its URL while it runs.
+
+    On leaving, SIGTERM, and the lab must exit 0 within 5 s; killed if it did not.
+    """
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "provider_lab",
+        "--port",
+        "0",
+        *flags,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), 10)
+        url = line.decode().strip().rsplit(" ", 1)[-1]
+        assert url.startswith("http://127.0.0.1:"), line
+        yield url
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 5) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

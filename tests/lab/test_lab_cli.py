@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 import sys
 
 import aiohttp
@@ -11,7 +10,7 @@ import pytest
 
 from provider_lab import cli
 from provider_lab.faults import FaultError, Kind, parse_fault_spec
-from tests.lab.conftest import basic
+from tests.lab.conftest import basic, lab_process
 
 
 @pytest.mark.parametrize(
@@ -89,80 +88,37 @@ def test_fault_spec_errors_name_the_problem() -> None:
 
 async def test_real_process_serves_and_stops_on_sigterm() -> None:
     """The lab runs as a process, applies ``--fault``, and exits 0 on SIGTERM."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "provider_lab",
-        "--port",
-        "0",
-        "--fault",
-        "cedar:http_429:count=1,retry_after=9",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    try:
-        assert process.stdout is not None
-        line = await asyncio.wait_for(process.stdout.readline(), 10)
-        url = line.decode().strip().rsplit(" ", 1)[-1]
-        assert url.startswith("http://127.0.0.1:")
-        async with aiohttp.ClientSession(url) as session:
-            async with session.get("/quotes/cedar", params={"sku": "KB-001"}) as response:
-                assert response.status == 429
-                assert response.headers["Retry-After"] == "9"
-            async with session.get("/quotes/cedar", params={"sku": "KB-001"}) as response:
-                assert response.status == 200
-        process.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(process.wait(), 5) == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+    fault = "cedar:http_429:count=1,retry_after=9"
+    async with lab_process("--fault", fault) as url, aiohttp.ClientSession(url) as session:
+        async with session.get("/quotes/cedar", params={"sku": "KB-001"}) as response:
+            assert response.status == 429
+            assert response.headers["Retry-After"] == "9"
+        async with session.get("/quotes/cedar", params={"sku": "KB-001"}) as response:
+            assert response.status == 200
 
 
 async def test_real_process_takes_the_dialects_credentials() -> None:
     """``--client-id``, ``--client-secret``, ``--token-ttl`` and ``--api-key`` reach the lab."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "provider_lab",
-        "--port",
-        "0",
-        "--client-id",
-        "erp",
-        "--client-secret",
-        "s:cr+t",
-        "--token-ttl",
-        "5",
-        "--api-key",
-        "k1",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    try:
-        assert process.stdout is not None
-        line = await asyncio.wait_for(process.stdout.readline(), 10)
-        url = line.decode().strip().rsplit(" ", 1)[-1]
-        async with aiohttp.ClientSession(url) as session:
-            form = {"grant_type": "client_credentials"}
-            headers = {"Authorization": basic("erp", "s:cr+t")}
-            async with session.post("/oauth2/token", data=form, headers=headers) as response:
-                body = await response.json()
-                assert (response.status, body["expires_in"]) == (200, 5)
-            order = {"items": [{"partNumber": "KB-001", "quantity": 10}]}
-            bearer = {"Authorization": f"Bearer {body['access_token']}"}
-            async with session.post("/json/atlas/quote", json=order, headers=bearer) as response:
-                assert response.status == 200
-            path = "/path/atlas/parts/KB-001/price"
-            async with session.get(path, params={"qty": "1", "key": "k1"}) as response:
-                assert response.status == 200
-            async with session.get(path, params={"qty": "1", "key": "lab-key"}) as response:
-                assert response.status == 403
-        process.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(process.wait(), 5) == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+    async with (
+        lab_process(
+            "--client-id", "erp", "--client-secret", "s:cr+t", "--token-ttl", "5", "--api-key", "k1"
+        ) as url,
+        aiohttp.ClientSession(url) as session,
+    ):
+        form = {"grant_type": "client_credentials"}
+        headers = {"Authorization": basic("erp", "s:cr+t")}
+        async with session.post("/oauth2/token", data=form, headers=headers) as response:
+            body = await response.json()
+            assert (response.status, body["expires_in"]) == (200, 5)
+        order = {"items": [{"partNumber": "KB-001", "quantity": 10}]}
+        bearer = {"Authorization": f"Bearer {body['access_token']}"}
+        async with session.post("/json/atlas/quote", json=order, headers=bearer) as response:
+            assert response.status == 200
+        path = "/path/atlas/parts/KB-001/price"
+        async with session.get(path, params={"qty": "1", "key": "k1"}) as response:
+            assert response.status == 200
+        async with session.get(path, params={"qty": "1", "key": "lab-key"}) as response:
+            assert response.status == 403
 
 
 async def test_port_in_use_is_a_one_line_error() -> None:

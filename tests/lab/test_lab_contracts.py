@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -32,6 +30,7 @@ from tests.lab.conftest import (
     ask_json,
     ask_path,
     fetch_token,
+    lab_process,
     raw_url,
     set_fault,
     stats,
@@ -674,34 +673,14 @@ def test_bad_contract_arguments_are_one_line_and_exit_2(
 
 async def test_real_process_takes_contracts() -> None:
     """``--contract`` reaches a lab run as a process, the rate and the concurrency."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "provider_lab",
-        "--port",
-        "0",
-        "--contract",
-        "cedar:rate=1/60s",
-        "--contract",
-        "atlas:concurrency=3",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    try:
-        assert process.stdout is not None
-        line = await asyncio.wait_for(process.stdout.readline(), 10)
-        url = line.decode().strip().rsplit(" ", 1)[-1]
-        async with aiohttp.ClientSession(url) as session:
-            statuses = []
-            for _ in range(2):
-                async with session.get("/quotes/cedar", params={"sku": "KB-001"}) as response:
-                    statuses.append(response.status)
-            assert statuses == [200, 429]
-            async with session.get("/contracts") as response:
-                assert (await response.json())["atlas"] == {"rate": None, "concurrency": 3}
-        process.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(process.wait(), 5) == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+    async with (
+        lab_process("--contract", "cedar:rate=1/60s", "--contract", "atlas:concurrency=3") as url,
+        aiohttp.ClientSession(url) as session,
+    ):
+        statuses = []
+        for _ in range(2):
+            async with session.get("/quotes/cedar", params={"sku": "KB-001"}) as response:
+                statuses.append(response.status)
+        assert statuses == [200, 429]
+        async with session.get("/contracts") as response:
+            assert (await response.json())["atlas"] == {"rate": None, "concurrency": 3}
