@@ -344,23 +344,10 @@ async def _coordination(app: web.Application) -> AsyncIterator[None]:
         workers=lambda: float(coordinator.workers),
         syncs=lambda: coordinator.syncs,
     )
-    # Suppliers' outbound rates hold for the whole fleet too, on the same client.
-    app[SUPPLIER_RATES] = SharedMeter(
-        coordinator.redis,
-        prefix=settings.redis_prefix,
-        deadline=functools.partial(
-            LoopFairTimeout,
-            settings.redis_timeout,
-            longest=min(2 * settings.redis_timeout, settings.budget / 2),
-        ),
-        workers=lambda: coordinator.workers,
-        coordinated=lambda: coordinator.up,
-        kind="supplier",
-    )
-    gate = app.get(handlers.GATE)
-    if gate is not None:
-        # Callers' rates hold for the whole fleet, on the coordinator's client.
-        shared = gate.shared = SharedMeter(
+
+    def fleet_meter(kind: str) -> SharedMeter:
+        """Rates held for the whole fleet in Redis, on the coordinator's client."""
+        return SharedMeter(
             coordinator.redis,
             prefix=settings.redis_prefix,
             # Redis' time limit; a late loop may stretch a call by as much again,
@@ -372,7 +359,13 @@ async def _coordination(app: web.Application) -> AsyncIterator[None]:
             ),
             workers=lambda: coordinator.workers,
             coordinated=lambda: coordinator.up,
+            kind=kind,
         )
+
+    app[SUPPLIER_RATES] = fleet_meter("supplier")
+    gate = app.get(handlers.GATE)
+    if gate is not None:
+        shared = gate.shared = fleet_meter("caller")
         telemetry.watch_caller_quota(lambda: shared.calls)
     try:
         yield
