@@ -179,38 +179,27 @@ async def run(
         python, "-m", "provider_lab", "--host", host, "--port", str(lab_port)
     )
     services: list[asyncio.subprocess.Process] = []  # the lab's clients: stopped first
+
+    async def quoteflow(
+        port: int, *args: str, env: dict[str, str] | None = None
+    ) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            python, "-m", "quoteflow", "--host", host, "--port", str(port), *args, env=env
+        )
+
     with tempfile.TemporaryDirectory(prefix="quoteflow-run-") as folder:
         try:
-            services.append(
-                await asyncio.create_subprocess_exec(
-                    python,
-                    "-m",
-                    "quoteflow",
-                    "--host",
-                    host,
-                    "--port",
-                    str(service_port),
-                    "--provider-url",
-                    lab_url,
-                    *extra,
-                )
-            )
+            services.append(await quoteflow(service_port, "--provider-url", lab_url, *extra))
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as session:
                 service_ready = asyncio.create_task(wait_ready(service_url, services[0], session))
                 ready = {"provider lab": await wait_ready(lab_url, lab, session)}
-                if dialects_url is not None and ready["provider lab"]:
+                if dialects_port is not None and dialects_url is not None and ready["provider lab"]:
                     # Once the lab answers: the first token fetch finds its endpoint up.
                     catalogue = Path(folder) / "worked-suppliers.toml"
                     catalogue.write_text(worked_catalogue(lab_url))
                     services.append(
-                        await asyncio.create_subprocess_exec(
-                            python,
-                            "-m",
-                            "quoteflow",
-                            "--host",
-                            host,
-                            "--port",
-                            str(dialects_port),
+                        await quoteflow(
+                            dialects_port,
                             *extra,
                             "--suppliers",
                             str(catalogue),
