@@ -29,6 +29,9 @@ from typing import Final, Protocol
 RANK_EVERY: Final = 0.02
 """Seconds an attempt waiting for a slot may read a learned time that is not re-ranked."""
 
+CUT_MEMORY: Final = 4
+"""Budgets a cut attempt's lower bound is held (``AttemptTimeEstimate``)."""
+
 
 class RetryLimiter(Protocol):
     """One supplier's retry budget, as the supplier client uses it (never awaits)."""
@@ -76,68 +79,94 @@ class AttemptTimeEstimate:
     something too: the supplier needs at least this long. Without it a
     supplier that slows down past its estimate could keep it for good —
     every waiter let in with too little time is cut, so no answer comes to
-    learn from. Such lower bounds are ranked with the answers, and each
-    holds until an answer comes sooner than it (the supplier is quick
-    again: a hang's cut attempts must not refuse the retries of the flaky
-    answers that follow it).
+    learn from. Such lower bounds are ranked with the answers, but a cut says
+    "at least", never "always", so each is held narrowly and briefly:
+
+    - per *kind* of request (the scenario asked for): a request the lab
+      makes slow teaches nothing about the ordinary ones beside it;
+    - until an answer of that kind comes sooner than it (the supplier is
+      quick again: a hang's cut attempts must not refuse the retries of the
+      flaky answers that follow it);
+    - for ``memory`` seconds at most (``CUT_MEMORY`` budgets). A bound that keeps every call waiting
+      for a slot would otherwise never be refuted, since no call is sent to
+      refute it. While the supplier stays slow, new cuts renew it; once it
+      is quick again the bound lapses by itself and calls are sent again.
     """
 
-    def __init__(self, floor: float, window: int = 20) -> None:
+    def __init__(self, floor: float, memory: float, window: int = 20) -> None:
         self.floor = floor
+        self.memory = memory
+        self._window = window
         self._recent: collections.deque[float] = collections.deque(maxlen=window)
-        self._percentile = floor
-        """The 90th percentile (at least the floor) of the answers and cuts, when last ranked."""
         self._answers = floor
-        """The same of the answers alone (``answer_time``)."""
+        """The 90th percentile of the answers (at least the floor), when last ranked."""
+        self._with_cuts: dict[str, float] = {}
+        """The same of the answers and each kind's live cuts, for each kind that has any."""
         self._changed = False
-        """An answer or a cut came since ``_percentile`` was ranked."""
+        """An answer or a cut came (or a cut lapsed) since the last ranking."""
         self._ranked_at = -math.inf
-        self._cuts: collections.deque[float] = collections.deque(maxlen=window)
-        """Lower bounds: attempts cut with no answer after running longer than ``needed``."""
+        self._cuts: dict[str, collections.deque[tuple[float, float]]] = {}
+        """Lower bounds per kind: (when, seconds) of attempts cut with no answer."""
+        self._lapse_at = math.inf
+        """``time.monotonic()`` at which the oldest cut lapses."""
         self.seen = False
         """Whether any attempt has answered or been cut: without that, nothing is known."""
 
-    def observe(self, seconds: float, *, full: bool = True) -> None:
+    def observe(self, seconds: float, *, full: bool = True, kind: str = "") -> None:
         """Record how long an attempt that got an answer took.
 
         ``full``: a 200 whose body was read. Only such an answer, quicker than
-        a cut attempt, refutes that attempt's bound: a supplier whose errors
-        stay quick while its quotes slowed down still needs the time.
+        a cut attempt of its kind, refutes that attempt's bound: a supplier
+        whose errors stay quick while its quotes slowed down still needs the time.
         """
         self._recent.append(seconds)
         self._changed = self.seen = True
-        if full and self._cuts and seconds < max(self._cuts):
-            self._cuts = collections.deque(
-                (cut for cut in self._cuts if cut <= seconds), maxlen=self._cuts.maxlen
-            )
+        cuts = self._cuts.get(kind)
+        if full and cuts and seconds < max(ran for _, ran in cuts):
+            kept = [(at, ran) for at, ran in cuts if ran <= seconds]
+            if kept:
+                self._cuts[kind] = collections.deque(kept, maxlen=self._window)
+            else:
+                del self._cuts[kind]
 
-    def cut_after(self, seconds: float) -> None:
+    def cut_after(self, seconds: float, kind: str = "") -> None:
         """An attempt ran ``seconds`` and was cut with no answer: it needs at least that."""
-        self._cuts.append(seconds)
+        now = time.monotonic()
+        cuts = self._cuts.get(kind)
+        if cuts is None:
+            cuts = self._cuts[kind] = collections.deque(maxlen=self._window)
+        cuts.append((now, seconds))
+        self._lapse_at = min(self._lapse_at, now + self.memory)
         self._changed = self.seen = True
         self._ranked_at = -math.inf  # ranked at the next read, however soon: it matters now
 
     @property
     def needed(self) -> float:
-        """Seconds a new attempt should have left to be worth starting."""
-        if self._changed:
-            self._rank(time.monotonic())
-        return self._percentile
+        """Seconds a new attempt of the ordinary kind should have left to be worth starting."""
+        return self.needed_for("")
 
-    def needed_at(self, now: float) -> float:
-        """``needed``, the window ranked again at most every ``RANK_EVERY`` seconds.
+    def needed_for(self, kind: str) -> float:
+        """Seconds a new attempt of ``kind`` should have left to be worth starting."""
+        now = time.monotonic()
+        if self._changed or now >= self._lapse_at:
+            self._rank(now)
+        return self._with_cuts.get(kind, self._answers)
+
+    def needed_at(self, now: float, kind: str = "") -> float:
+        """``needed_for(kind)``, the window ranked again at most every ``RANK_EVERY`` seconds.
 
         Read by every attempt that waits for a slot: under a saturating load
         that is most of them, and sorting the window for each was a visible
         part of a request's cost. ``now`` is ``time.monotonic()``.
         """
-        if self._changed and now - self._ranked_at >= RANK_EVERY:
+        if (self._changed or now >= self._lapse_at) and now - self._ranked_at >= RANK_EVERY:
             self._rank(now)
-        return self._percentile
+        if self._with_cuts:
+            return self._with_cuts.get(kind, self._answers)
+        return self._answers
 
-    @property
-    def longest(self) -> float:
-        """The longest the supplier was recently seen to need (0 before anything was seen).
+    def longest(self, kind: str = "") -> float:
+        """The longest ``kind`` was recently seen to need (0 before anything was seen).
 
         What an attempt cut by the deadline is measured against before it
         counts against the supplier (``breaker.py``'s fair chance). Not the
@@ -146,7 +175,8 @@ class AttemptTimeEstimate:
         it was given less time than it now needs would eject a healthy supplier.
         """
         slowest = max(self._recent) if self._recent else 0.0
-        return max(slowest, max(self._cuts) if self._cuts else 0.0)
+        cuts = self._cuts.get(kind)
+        return max(slowest, max(ran for _, ran in cuts) if cuts else 0.0)
 
     @property
     def answer_time(self) -> float:
@@ -162,17 +192,30 @@ class AttemptTimeEstimate:
         return self._answers
 
     def _rank(self, now: float) -> None:
-        ranked = sorted(itertools.chain(self._recent, self._cuts))  # never empty once changed
-        self._percentile = max(self.floor, ranked[int(0.9 * (len(ranked) - 1))])
-        if self._cuts:
-            answers = sorted(self._recent)
-            self._answers = (
-                max(self.floor, answers[int(0.9 * (len(answers) - 1))]) if answers else self.floor
-            )
-        else:
-            self._answers = self._percentile
+        if now >= self._lapse_at:
+            self._forget_lapsed(now)
+        answers = sorted(self._recent)
+        self._answers = (
+            max(self.floor, answers[int(0.9 * (len(answers) - 1))]) if answers else self.floor
+        )
+        self._with_cuts = {}
+        for kind, cuts in self._cuts.items():
+            ranked = sorted(itertools.chain(answers, (ran for _, ran in cuts)))
+            self._with_cuts[kind] = max(self.floor, ranked[int(0.9 * (len(ranked) - 1))])
         self._changed = False
         self._ranked_at = now
+
+    def _forget_lapsed(self, now: float) -> None:
+        oldest = now - self.memory
+        lapse_at = math.inf
+        for kind in list(self._cuts):
+            live = [(at, ran) for at, ran in self._cuts[kind] if at > oldest]
+            if live:
+                self._cuts[kind] = collections.deque(live, maxlen=self._window)
+                lapse_at = min(lapse_at, live[0][0] + self.memory)
+            else:
+                del self._cuts[kind]
+        self._lapse_at = lapse_at
 
 
 class RetryBudget:

@@ -73,7 +73,13 @@ from quoteflow.models import (
 )
 from quoteflow.pauses import Pauses, pause_for
 from quoteflow.rates import LocalRates, RateMeter, Turns
-from quoteflow.retry import AttemptTimeEstimate, RetryBudget, RetryLimiter, retry_after_delay
+from quoteflow.retry import (
+    CUT_MEMORY,
+    AttemptTimeEstimate,
+    RetryBudget,
+    RetryLimiter,
+    retry_after_delay,
+)
 from quoteflow.slots import OutboundLimiter, OutboundSlots
 from quoteflow.templates import Shaped
 from quoteflow.tokens import TokenKeeper, TokenUnavailable
@@ -174,7 +180,11 @@ class _Call:
 
         Until the deadline leaves less than the supplier has been seen to need.
         """
-        return self.deadline - now - self.attempt_time.needed_at(now)
+        return self.deadline - now - self.needed(now)
+
+    def needed(self, now: float) -> float:
+        """The time the supplier has been seen to need for a request of this kind."""
+        return self.attempt_time.needed_at(now, self.request.scenario)
 
 
 def _record(
@@ -218,7 +228,9 @@ class _SupplierState:
         self.spec = supplier
         self.url = URL(supplier.url)
         self._urls: dict[tuple[str, str], URL] = {}
-        self.attempt_time = attempt_time or AttemptTimeEstimate(settings.min_attempt_time)
+        self.attempt_time = attempt_time or AttemptTimeEstimate(
+            settings.min_attempt_time, CUT_MEMORY * settings.budget
+        )
         self.retry_budget = retry_budget
         self.headers = dict(supplier.headers)
         """The catalogue's headers, sent on every attempt (empty for the lab's suppliers)."""
@@ -587,15 +599,17 @@ class SupplierClient:
             fetched = await self._fetch(state, call, headers, authorization)
         except asyncio.CancelledError:
             # Before the slot is handed on: the next waiter is judged by what this taught.
-            self._cut(state, trace, attempt, waiting_since, started)
+            self._cut(state, call, trace, attempt, waiting_since, started)
             raise
         finally:
             self._slots.release(trace.supplier)
         ended = time.monotonic()
+        kind = call.request.scenario
         if isinstance(fetched, bytes | _Answer):
-            state.attempt_time.observe(ended - started)  # it answered: a useful attempt's length
+            # It answered: a useful attempt's length.
+            state.attempt_time.observe(ended - started, kind=kind)
         elif fetched.status is not None:  # an error, or a 200 whose body could not be read
-            state.attempt_time.observe(ended - started, full=False)
+            state.attempt_time.observe(ended - started, full=False, kind=kind)
         if isinstance(fetched, bytes):
             fetched = self._decode(state, fetched, trace.supplier, call)
         elif isinstance(fetched, _Answer):
@@ -609,6 +623,7 @@ class SupplierClient:
     def _cut(
         self,
         state: _SupplierState,
+        call: _Call,
         trace: SupplierTrace,
         attempt: int,
         waiting_since: float,
@@ -618,17 +633,18 @@ class SupplierClient:
         now = time.monotonic()
         ran = now - started
         estimate = state.attempt_time
+        kind = call.request.scenario
         # Cut before it had a fair time: QuoteFlow was late, not the supplier
         # (its breaker does not count it, ``breaker.py``).
         fair = state.fair_time
         if fair is None:
-            fair = max(estimate.floor, FAIR_MARGIN * estimate.longest)
+            fair = max(estimate.floor, FAIR_MARGIN * estimate.longest(kind))
         fair = min(fair, state.whole_chance)
         trace.attempts.append(
             _record(attempt, waiting_since, started, now, TIMEOUT, cut_short=ran < fair)
         )
-        if ran > estimate.needed:
-            estimate.cut_after(ran)  # it needs at least this long (``retry.py``)
+        if ran > estimate.needed_for(kind):
+            estimate.cut_after(ran, kind)  # it needs at least this long (``retry.py``)
             self._slots.reconsider()  # before this slot is handed on to a waiter
 
     async def _turn(self, call: _Call, trace: SupplierTrace, rate: Rate) -> bool:
@@ -637,7 +653,7 @@ class SupplierClient:
         The wait holds no outbound slot, and ends as soon as the supplier's
         learned attempt time would no longer fit before the deadline.
         """
-        slack, needed_at = self._turn_slack, call.attempt_time.needed_at
+        slack, needed_at = self._turn_slack, call.needed
         admitted, waited = await self._turns.take(
             trace.supplier,
             rate,

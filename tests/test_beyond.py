@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from typing import Any
 
 import aiohttp
@@ -75,7 +76,7 @@ async def test_fast_503_is_still_retried(
 
 def test_attempt_time_is_learned_and_never_below_the_floor() -> None:
     """The estimate follows the supplier's answer times, floored."""
-    estimate = AttemptTimeEstimate(floor=0.05)
+    estimate = AttemptTimeEstimate(floor=0.05, memory=3.2)
     assert estimate.needed == 0.05
     for _ in range(50):
         estimate.observe(0.001)
@@ -87,7 +88,7 @@ def test_attempt_time_is_learned_and_never_below_the_floor() -> None:
 
 def test_one_slow_answer_does_not_refuse_later_retries() -> None:
     """A single outlier among fast answers leaves the estimate at the fast answers."""
-    estimate = AttemptTimeEstimate(floor=0.05)
+    estimate = AttemptTimeEstimate(floor=0.05, memory=3.2)
     estimate.observe(0.7)
     assert estimate.needed == 0.7  # all we know so far
     for _ in range(3):
@@ -313,3 +314,28 @@ async def test_real_process_cancels_when_the_caller_leaves(suppliers: FakeSuppli
             text = await response.text()
     assert metric(text, "quoteflow_inbound_in_flight") == 0
     assert metric(text, "quoteflow_caller_disconnects_total") == 1
+
+
+def test_a_cut_bounds_only_its_own_kind_of_request() -> None:
+    """Cut attempts of the ``slow`` scenario raise what ``slow`` needs, not what ``normal`` does."""
+    estimate = AttemptTimeEstimate(floor=0.05, memory=3.2)
+    for _ in range(5):
+        estimate.observe(0.01, kind="normal")
+    for _ in range(5):
+        estimate.cut_after(0.7, kind="slow")
+    assert estimate.needed_for("slow") == 0.7
+    assert estimate.needed_for("normal") == 0.05
+    assert estimate.longest("normal") == 0.01
+    estimate.observe(0.01, kind="slow")  # a quick answer of its own kind refutes them
+    assert estimate.needed_for("slow") == 0.05
+
+
+def test_a_cut_lapses_after_its_memory_with_nothing_new_observed() -> None:
+    """A lower bound that no answer refutes is forgotten ``memory`` seconds after its cut."""
+    estimate = AttemptTimeEstimate(floor=0.05, memory=0.05)
+    for _ in range(5):
+        estimate.cut_after(0.7)
+    assert estimate.needed == 0.7
+    time.sleep(0.06)
+    assert estimate.needed == 0.05
+    assert estimate.needed_at(time.monotonic()) == 0.05

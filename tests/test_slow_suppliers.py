@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp import AiohttpClient
 
@@ -26,9 +27,18 @@ from quoteflow.app import create_app
 from quoteflow.config import Settings
 from quoteflow.fleet import FleetSlots
 from quoteflow.models import MovingDeadline
+from quoteflow.retry import CUT_MEMORY
 from quoteflow.slots import OutboundSlots
 from tests.conftest import TEST_CONNECT_TIMEOUT
-from tests.fakes import FakeSuppliers, delay, first_time_per_request_id, hang, quote, status
+from tests.fakes import (
+    FakeSuppliers,
+    Responder,
+    delay,
+    first_time_per_request_id,
+    hang,
+    quote,
+    status,
+)
 from tests.redis_server import RedisServer
 from tests.test_breaker import circuit
 from tests.test_fleet import wait_until, workers
@@ -480,3 +490,87 @@ async def test_a_flaky_supplier_after_a_hang_is_retried_again(
         answer = await explain(client)
         assert code_of(answer, "boreal") is None, bill(answer)
         assert [a["status"] for a in bill(answer)["attempts"]] == [503, 200]
+
+
+def by_scenario(**responders: Responder) -> Responder:
+    """The responder named after the request's ``scenario``, else a quote (as the lab does)."""
+    ordinary = quote()
+
+    async def respond(request: web.Request) -> web.StreamResponse:
+        scenario = request.query.get("scenario", "normal")
+        return await responders.get(scenario, ordinary)(request)
+
+    return respond
+
+
+async def ask(client: TestClient[Any, Any], scenario: str = "normal") -> dict[str, Any]:
+    """One request's answer with its bill; a 503 (admission) as ``{"status": 503}``."""
+    body = {"quantity": 1, "scenario": scenario}
+    response = await client.post("/api/quotes?explain=1", json=body)
+    if response.status == 503:
+        return {"status": 503}
+    assert response.status == 200
+    answer: dict[str, Any] = await response.json()
+    return answer
+
+
+@pytest.mark.parametrize(("inbound", "outbound"), [(2, 1), (8, 6)])
+async def test_a_slow_kind_of_request_does_not_make_the_ordinary_ones_skip_a_fast_supplier(
+    quoteflow: Any, suppliers: FakeSuppliers, inbound: int, outbound: int
+) -> None:
+    """After a burst whose boreal takes 2 s, ordinary requests at once all get boreal's quote.
+
+    The burst's attempts are cut at the deadline and teach that its kind of
+    request (the ``slow`` scenario) needs the whole budget; the ordinary
+    requests after it, every one of whose boreal calls must wait for a slot,
+    are judged by what ordinary requests need. ``flaky`` ones are retried
+    and quoted too, round after round.
+    """
+    client = await quoteflow(
+        inbound_limit=inbound, outbound_limit=outbound, supplier_share=4, breaker_failures=0
+    )
+    flaky = first_time_per_request_id(status(503), quote())
+    suppliers.always("boreal", by_scenario(slow=delay(2.0), flaky=flaky))
+    await explain(client)  # boreal's ordinary time: a few ms
+    burst = await asyncio.gather(*(ask(client, "slow") for _ in range(inbound + inbound // 2)))
+    cut = [a for a in burst if a.get("status") != 503 and bill(a)["stopped"] == "deadline"]
+    assert cut, burst  # the burst did teach its kind's time
+    for scenario in ("normal", "flaky", "normal"):
+        answers = await asyncio.gather(*(ask(client, scenario) for _ in range(inbound)))
+        for answer in answers:
+            assert code_of(answer, "boreal") is None, (scenario, bill(answer))
+        if scenario == "flaky":
+            assert all(len(bill(a)["attempts"]) == 2 for a in answers), answers
+
+
+async def test_a_learned_time_lapses_once_the_supplier_is_fast_again(
+    quoteflow: Any, suppliers: FakeSuppliers
+) -> None:
+    """A bound learned from cut attempts is not held for good when no call can refute it.
+
+    boreal takes 2 s for a while: its attempts are cut at the deadline, and
+    teach that it needs nearly the whole budget. Then it is fast again, but
+    with one slot, held 0.1 s by atlas first, every boreal call must wait:
+    while the bound holds, each gives its place up, and no call is sent that
+    could show boreal is fast. The bound lapses a few budgets later
+    (``CUT_MEMORY``), and boreal is quoted again, and stays quoted.
+    """
+    client = await quoteflow(inbound_limit=2, outbound_limit=1, breaker_failures=0)
+    await explain(client)
+    suppliers.always("boreal", delay(2.0))
+    for _ in range(3):
+        await asyncio.gather(ask(client), ask(client))
+    suppliers.always("boreal", quote())
+    suppliers.always("atlas", delay(0.1))
+    started = time.monotonic()
+    skipped = await ask(client)
+    assert bill(skipped)["stopped"] == "no_slot_in_time"  # the bound acts
+    while True:
+        answers = await asyncio.gather(ask(client), ask(client))
+        if all(code_of(a, "boreal") is None for a in answers):
+            break
+        # Skipped only while the bound holds, never past it (plus a loaded machine's margin).
+        assert time.monotonic() - started < CUT_MEMORY * BUDGET + 2.0, [bill(a) for a in answers]
+    for _ in range(3):  # and stays back
+        answers = await asyncio.gather(ask(client), ask(client))
+        assert all(code_of(a, "boreal") is None for a in answers), [bill(a) for a in answers]

@@ -191,7 +191,10 @@ async def run_batch(
 def check_attempts(suppliers: FakeSuppliers) -> None:
     """No supplier saw more than two attempts for one request id; then forget them."""
     per_call = Counter((r.request_id, r.supplier) for r in suppliers.received)
-    assert max(per_call.values()) <= 2, per_call.most_common(3)
+    # A batch may ask no supplier at all: a quick one (most requests refused
+    # or invalid) can pass while every circuit is open or every supplier
+    # paused by its 429's Retry-After.
+    assert max(per_call.values(), default=0) <= 2, per_call.most_common(3)
     suppliers.received.clear()
 
 
