@@ -30,12 +30,20 @@ import asyncio
 import collections
 import math
 import time
-from collections.abc import Iterable, Mapping
-from typing import Protocol
+from collections.abc import Container, Iterable, Mapping
+from typing import Final, Protocol
+
+BROKEN_KEPT: Final = 1024
+"""Requests remembered as having lost a call to the slot queue (request ids are unique)."""
 
 
 class Patience(Protocol):
-    """How long one attempt may still wait for a slot."""
+    """How long one attempt may still wait for a slot, and whose call it is."""
+
+    @property
+    def request_id(self) -> str:
+        """The request the attempt serves: its calls are kept together (``OutboundSlots``)."""
+        ...
 
     def left(self, now: float) -> float:
         """Seconds from ``now`` (``time.monotonic()``) the attempt may still wait.
@@ -162,8 +170,12 @@ class OutboundSlots:
         self._share = dict(shares)
         self._held = dict.fromkeys(shares, 0)
         self._current = set(shares)
-        self._waiting: collections.deque[tuple[str, asyncio.Future[bool]]] = collections.deque()
+        self._waiting: collections.deque[tuple[str, asyncio.Future[bool], str | None]] = (
+            collections.deque()
+        )
         self._impatience = Impatience()
+        self._broken: collections.OrderedDict[str, None] = collections.OrderedDict()
+        """Requests that lost a call to the queue (the newest ``BROKEN_KEPT``): served last."""
 
     def share(self, supplier: str) -> int:
         """Slots ``supplier`` may hold at once."""
@@ -185,7 +197,7 @@ class OutboundSlots:
 
     def forget(self, suppliers: Iterable[str]) -> None:
         """Drop suppliers of an old catalogue once no attempt holds or waits for their slots."""
-        waiting = {supplier for supplier, _ in self._waiting}
+        waiting = {supplier for supplier, _, _ in self._waiting}
         for supplier in suppliers:
             if supplier in self._current or supplier not in self._held:
                 continue  # named again by a later catalogue, or already forgotten
@@ -216,9 +228,11 @@ class OutboundSlots:
             self._held[supplier] += 1
             return True
         granted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        request_id = None if patience is None else patience.request_id
         if patience is not None and not self._impatience.watch(patience, granted):
+            self._lost(patience.request_id)
             return False  # too late already: never queued
-        entry = (supplier, granted)
+        entry = (supplier, granted, request_id)
         self._waiting.append(entry)
         try:
             if await granted:
@@ -231,7 +245,20 @@ class OutboundSlots:
                 self._impatience.forget(granted)
             raise
         self._waiting.remove(entry)  # gave up: its place goes to whoever can still use it
+        if request_id is not None:
+            self._lost(request_id)
         return False
+
+    def _lost(self, request_id: str) -> None:
+        """A call of ``request_id`` gave its place up: its other calls yield to whole requests.
+
+        Slots given to a request that will answer without one supplier
+        anyway are better spent on requests that can still get every quote;
+        its calls are still served when no whole request's call fits.
+        """
+        self._broken[request_id] = None
+        if len(self._broken) > BROKEN_KEPT:
+            self._broken.popitem(last=False)
 
     def reconsider(self) -> None:
         """A supplier's learned time grew: every waiter's patience is read again now."""
@@ -245,12 +272,19 @@ class OutboundSlots:
             self._hand_out()
 
     def _hand_out(self) -> None:
+        broken = self._broken or None
+        self._hand_out_to(broken)
+        if broken and self.free and self._waiting:
+            self._hand_out_to(None)  # what the whole requests' calls could not use
+
+    def _hand_out_to(self, passed_over: Container[str | None] | None) -> None:
         index = 0
         while self.free and index < len(self._waiting):
-            supplier, granted = self._waiting[index]
+            supplier, granted, request_id = self._waiting[index]
             if (
                 granted.done()  # cancelled or given up, about to leave
                 or self._held[supplier] >= self._share[supplier]
+                or (passed_over is not None and request_id in passed_over)
                 or not self._impatience.ready(granted)  # too late to use it: answered False
             ):
                 index += 1

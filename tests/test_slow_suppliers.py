@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import time
 from typing import Any
 
@@ -45,14 +46,19 @@ from tests.test_fleet import wait_until, workers
 from tests.test_observability import metric
 
 BUDGET = 0.6
+REQUEST_IDS = itertools.count()
 
 
 class Until:
     """A waiter's patience (``slots.Patience``): while ``deadline`` leaves ``needed`` seconds."""
 
-    def __init__(self, deadline: float | MovingDeadline, needed: float) -> None:
+    def __init__(
+        self, deadline: float | MovingDeadline, needed: float, request_id: str | None = None
+    ) -> None:
         self.deadline = deadline
         self.needed = needed
+        self.request_id = request_id or f"request-{next(REQUEST_IDS)}"
+        """The request whose call waits; by default one of its own."""
 
     def left(self, now: float) -> float:
         return self.deadline - now - self.needed
@@ -423,6 +429,31 @@ async def test_a_given_up_waiter_is_passed_over_and_holds_nothing() -> None:
     assert await patient is True
     assert (slots.in_use, slots.held("boreal")) == (1, 1)
     slots.release("boreal")
+    assert slots.in_use == 0
+
+
+async def test_a_request_that_lost_a_call_to_the_queue_lets_whole_requests_go_first() -> None:
+    """OutboundSlots: once r1's atlas call gave up, r2's cedar call is served before r1's.
+
+    r1 will answer without atlas anyway: the next slot goes to r2's cedar,
+    behind it in the queue, whose request can still get every quote; r1's
+    cedar call is served when no whole request's call can use a slot, so
+    no quote is given up for it. First come, first served, r1's cedar would
+    take the slot first.
+    """
+    slots = OutboundSlots(1, dict.fromkeys(("atlas", "boreal", "cedar"), 1))
+    assert await slots.acquire("boreal")
+    now = time.monotonic()
+    r1_atlas = asyncio.create_task(slots.acquire("atlas", Until(now + 0.1, 0.05, "r1")))
+    r1_cedar = asyncio.create_task(slots.acquire("cedar", Until(now + 5, 0.05, "r1")))
+    r2_cedar = asyncio.create_task(slots.acquire("cedar", Until(now + 5, 0.05, "r2")))
+    assert await r1_atlas is False
+    slots.release("boreal")
+    assert await r2_cedar is True
+    assert not r1_cedar.done()
+    slots.release("cedar")
+    assert await r1_cedar is True  # served all the same once nobody whole waits
+    slots.release("cedar")
     assert slots.in_use == 0
 
 
