@@ -19,6 +19,11 @@ waste: granted first come, first served to calls that can no longer
 finish, the slots convoy behind the deadline and deliver almost nothing
 (docs/retries.md, "Slots for calls that can still finish").
 
+Once a call gives its place up, its request will answer without that
+supplier: ``OutboundSlots`` then serves the request's other waiting calls
+only when no call of a request that can still get every quote can use the
+slot, so that the slots' time goes to complete answers first.
+
 ``OutboundLimiter`` is the seam: the supplier client needs only ``acquire``,
 ``release`` and ``in_use``. ``OutboundSlots`` holds them for one process;
 ``fleet.FleetSlots`` holds them for every worker sharing a Redis (fleet mode).
