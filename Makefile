@@ -30,8 +30,9 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP) need-redis
 	# Four workers on two cores: most tests wait on sockets and timers, not the
-	# CPU. Whole files stay together (module-scoped processes).
-	$(BIN)/pytest -q -n 4 --dist loadfile
+	# CPU. Whole files stay together (module-scoped processes), and the gunicorn
+	# fleet tests run one at a time (tests/conftest.py).
+	$(BIN)/pytest -q -n 4 --dist loadgroup
 
 # The fleet tests and `make fleet` run Debian's redis-server: installed here when
 # we are root with apt (as `make bench` does for wrk); otherwise make stops with

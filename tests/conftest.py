@@ -79,3 +79,23 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+GUNICORN_FILES = "fleet"
+"""The folder of tests that each run a gunicorn fleet, a lab and a redis-server of their own."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """One xdist group per file (``--dist loadgroup``); every gunicorn fleet test in one group.
+
+    A file stays on one worker, as its module-scoped processes need. The
+    fleet tests run one at a time: each is two gunicorn workers, a lab and a
+    redis-server under a load of its own, and four of them at once on two
+    cores drove Redis round trips past ``--redis-timeout``, so that what was
+    measured was the machine, not the fleet.
+    """
+    for item in items:
+        path = item.path
+        group = GUNICORN_FILES if path.parent.name == GUNICORN_FILES else str(path)
+        item.add_marker(pytest.mark.xdist_group(group))

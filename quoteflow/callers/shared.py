@@ -125,7 +125,19 @@ class SharedMeter:
         coordinated: Callable[[], bool],
         kind: str = "caller",
     ) -> None:
-        """``kind``: what the names are, in the Redis keys (``caller``, ``supplier``)."""
+        """``kind``: what the names are, in the Redis keys (``caller``, ``supplier``).
+
+        A supplier's rate is a promise to the supplier, a caller's one to
+        ourselves: a supplier's is spent on this worker's own share only
+        while Redis is out for the fleet as this worker can tell it (its own
+        round trip failed and the coordinator's sync too). One round trip
+        lost while the coordinator still reaches Redis is most likely this
+        worker's loop being slow, with the other workers spending the whole
+        rate through Redis meanwhile: spending a share beside them would send
+        the supplier more than its rate, so the attempt is refused for now
+        (its turn is waited for again) and the next one asks Redis.
+        """
+        self._strict = kind == "supplier"
         from redis.exceptions import RedisError
 
         self._script = redis.register_script(SCRIPT)
@@ -169,9 +181,15 @@ class SharedMeter:
                 lease.units -= 1
                 return True, self._standing(name, rate, now)
             del self._leases[name]
-        if now < self._retry_redis_at or not self._coordinated():
+        if self._on_own_share(now):
             return self._spend_locally(name, rate, now)
         return None
+
+    def _on_own_share(self, now: float) -> bool:
+        """Whether a request is admitted from this worker's own share, without Redis."""
+        if self._strict:
+            return now < self._retry_redis_at and not self._coordinated()
+        return now < self._retry_redis_at or not self._coordinated()
 
     async def spend(self, name: str, rate: Rate) -> tuple[bool, Standing]:
         """Admit one request of ``name`` for the fleet, or refuse it; where it stands after.
@@ -213,7 +231,10 @@ class SharedMeter:
         except self._errors as exc:
             self.calls["failed"] += 1
             self._lost(f"{type(exc).__name__}: {exc}".strip())
-            return self._spend_locally(name, rate, time.monotonic())
+            now = time.monotonic()
+            if self._strict and self._coordinated():
+                return False, _refused_until(rate, rate.interval / rate.quota)
+            return self._spend_locally(name, rate, now)
         else:
             return self._heard(name, rate, granted, used, late=deadline.loop_was_late)
         finally:
