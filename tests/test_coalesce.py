@@ -133,13 +133,14 @@ async def test_identical_requests_reach_each_supplier_once(
 async def test_a_joiner_whose_deadline_comes_first_is_timeout_alone(
     start: Any, suppliers: FakeSuppliers
 ) -> None:
-    """Boreal answers at 0.95 s: the two requests whose deadlines came first time out, alone.
+    """Boreal answers at 0.85 s: the two requests whose deadlines came first time out, alone.
 
-    The starter's deadline comes at 0.6 s, the first joiner's at 0.7 s; the
+    The starter's deadline comes at 0.6 s, the first joiner's at 0.65 s; the
     call goes on for the second joiner (deadline 1.1 s), which gets the quote
-    and the call's bill, handed over to it when the starter left.
+    and the call's bill, handed over to it when the starter left. Each side
+    of the answer has 0.2 s or more for a loaded machine's lateness.
     """
-    suppliers.always("boreal", delay(0.95))
+    suppliers.always("boreal", delay(0.85))
     client = await start(budget=0.6)
 
     async def later(seconds: float, request_id: str) -> dict[str, Any]:
@@ -147,7 +148,7 @@ async def test_a_joiner_whose_deadline_comes_first_is_timeout_alone(
         return await ask(client, request_id)
 
     starter, first, second = await asyncio.gather(
-        ask(client, "starter"), later(0.1, "first"), later(0.5, "second")
+        ask(client, "starter"), later(0.05, "first"), later(0.5, "second")
     )
     assert suppliers.count("boreal") == 1
     assert {"supplier": "boreal", "code": "timeout"} in starter["failures"]
