@@ -30,7 +30,7 @@ from quoteflow.fleet import FleetSlots
 from quoteflow.models import MovingDeadline
 from quoteflow.retry import CUT_MEMORY
 from quoteflow.slots import OutboundSlots
-from tests.conftest import TEST_CONNECT_TIMEOUT
+from tests.conftest import LOADED_MARGIN, TEST_CONNECT_TIMEOUT
 from tests.fakes import (
     FakeSuppliers,
     Responder,
@@ -46,6 +46,13 @@ from tests.test_fleet import wait_until, workers
 from tests.test_observability import metric
 
 BUDGET = 0.6
+CLIENT_MARGIN = 2 * LOADED_MARGIN
+"""Lateness allowed to an answer's time taken by a caller on QuoteFlow's own event loop.
+
+The closed-loop callers share the loop with QuoteFlow and its fake suppliers:
+a loaded machine delays the answer and, again, the caller reading it (seen:
+0.91 s for a 0.6 s budget beside the gunicorn tests).
+"""
 REQUEST_IDS = itertools.count()
 
 
@@ -360,7 +367,7 @@ async def test_slow_suppliers_under_full_admission_are_never_ejected(
     assert set(seen) <= {"status_200", "status_503", "complete"} | {
         key for key in seen if key.startswith(("quoted_", "atlas_", "boreal_", "cedar_"))
     }
-    assert max(took) < BUDGET + 0.25
+    assert max(took) < BUDGET + CLIENT_MARGIN
     for supplier in ("atlas", "boreal", "cedar"):
         assert await circuit(client, supplier) == 0
 
@@ -375,7 +382,7 @@ async def test_one_slow_supplier_is_quoted_near_its_share(
     assert "boreal_circuit_open" not in seen, seen
     assert seen["quoted_boreal"] >= 4, seen  # at most 8 in 2 s
     assert seen["quoted_atlas"] == seen["quoted_cedar"] == seen["status_200"]
-    assert max(took) < BUDGET + 0.25
+    assert max(took) < BUDGET + CLIENT_MARGIN
 
 
 async def test_a_hanging_supplier_still_trips_under_the_same_load(
