@@ -86,6 +86,23 @@ def sent_to_quay(api: ForeignApi) -> int:
     return sum(1 for arrived in api.arrived if arrived.path.startswith("/quay"))
 
 
+async def two_workers(
+    aiohttp_client: AiohttpClient, tmp_path: Path, api: ForeignApi, redis_server: RedisServer
+) -> tuple[Client, Client]:
+    """Two QuoteFlow workers on one Redis, both synced: quay's quote from ``api``."""
+    api.answer = quote
+    fleet: dict[str, Any] = {"redis_url": redis_server.url, "redis_timeout": 0.2}
+    first = await start(aiohttp_client, tmp_path, api, **fleet)
+    second = await start(aiohttp_client, tmp_path, api, **fleet)
+    # Before both have synced, each is on its own: the whole rate each (its safe share).
+    await wait_until(
+        lambda: all(
+            c.app[COORDINATOR].up and c.app[COORDINATOR].workers == 2 for c in (first, second)
+        )
+    )
+    return first, second
+
+
 async def test_a_rate_of_20_a_second_sends_at_most_that_after_its_burst(
     aiohttp_client: AiohttpClient, tmp_path: Path, api: ForeignApi
 ) -> None:
@@ -111,16 +128,7 @@ async def test_two_workers_share_one_rate_through_redis(
     aiohttp_client: AiohttpClient, tmp_path: Path, api: ForeignApi, redis_server: RedisServer
 ) -> None:
     """Fleet mode: the two together send at most 20 a second after the burst, not 40."""
-    api.answer = quote
-    fleet: dict[str, Any] = {"redis_url": redis_server.url, "redis_timeout": 0.2}
-    first = await start(aiohttp_client, tmp_path, api, **fleet)
-    second = await start(aiohttp_client, tmp_path, api, **fleet)
-    # Before both have synced, each is on its own: the whole rate each (its safe share).
-    await wait_until(
-        lambda: all(
-            c.app[COORDINATOR].up and c.app[COORDINATOR].workers == 2 for c in (first, second)
-        )
-    )
+    first, second = await two_workers(aiohttp_client, tmp_path, api, redis_server)
     began = time.monotonic()
     answers = await load([first, second], 3.0, 4)
     elapsed = time.monotonic() - began
@@ -144,15 +152,7 @@ async def test_a_worker_whose_round_trips_time_out_adds_nothing_to_the_fleets_ra
     A round trip that fails while the coordinator's syncs go through refuses
     that turn instead; the supplier still gets its whole rate.
     """
-    api.answer = quote
-    fleet: dict[str, Any] = {"redis_url": redis_server.url, "redis_timeout": 0.2}
-    first = await start(aiohttp_client, tmp_path, api, **fleet)
-    second = await start(aiohttp_client, tmp_path, api, **fleet)
-    await wait_until(
-        lambda: all(
-            c.app[COORDINATOR].up and c.app[COORDINATOR].workers == 2 for c in (first, second)
-        )
-    )
+    first, second = await two_workers(aiohttp_client, tmp_path, api, redis_server)
     assert second.app is not None
     meter = second.app[SUPPLIER_RATES]
     assert meter is not None
