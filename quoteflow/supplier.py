@@ -653,12 +653,12 @@ class SupplierClient:
         The wait holds no outbound slot, and ends as soon as the supplier's
         learned attempt time would no longer fit before the deadline.
         """
-        slack, needed_at = self._turn_slack, call.needed
+        slack, needed = self._turn_slack, call.needed
         admitted, waited = await self._turns.take(
             trace.supplier,
             rate,
             call.deadline,
-            (lambda now: needed_at(now) + slack) if slack else needed_at,
+            (lambda now: needed(now) + slack) if slack else needed,
         )
         if waited is not None:
             trace.rate_wait = (trace.rate_wait or 0.0) + waited
