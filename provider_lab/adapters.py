@@ -1,4 +1,4 @@
-"""Adapters for the lab's two foreign dialects, written as a QuoteFlow user would write them.
+"""Adapters for the lab's three foreign dialects, written as a QuoteFlow user would write them.
 
 A catalogue entry names one::
 
@@ -14,7 +14,25 @@ a 200, ``asked`` what it asked for (``asked.supplier``, ``asked.sku``,
 three integers — or raises: whatever it raises is the supplier's data being
 unusable (QuoteFlow's ``invalid_data``).
 
-Both are pure functions of their arguments and use the standard library only:
+The batch dialect's adapter, :func:`batch_dialect`, reads one call of many
+lines: ``asked`` is then a sequence of such objects, one per line of the call,
+and it returns a mapping from each SKU it could read to its five keys or to
+``"not_found"``. A SKU it leaves out is that line's ``invalid_data`` alone; if
+it raises, every line of the call is ``invalid_data``. Its catalogue entry::
+
+    [[supplier]]
+    name = "atlas"
+    method = "POST"
+    url = "http://127.0.0.1:9101/batch/atlas/match"
+    adapter = "provider_lab.adapters:batch_dialect"
+    [supplier.batch]
+    max_items = 50
+    items = "parts"
+    [supplier.body]
+    parts = [ { mpn = "{sku}", qty = "{quantity}" } ]
+    scenario = "{scenario}"
+
+All three are pure functions of their arguments and use the standard library only:
 nothing from ``quoteflow`` (``asked`` is duck-typed) and nothing from the rest
 of the lab, which writes these formats from its own definitions while these
 read them from theirs — so a drift between the two fails a test.
@@ -25,6 +43,7 @@ from __future__ import annotations
 import decimal
 import functools
 import re
+from collections.abc import Iterable
 from decimal import Decimal
 from typing import Final, Protocol
 
@@ -148,6 +167,105 @@ def path_dialect(payload: object, asked: Asked) -> dict[str, str | int]:
         "shipping_cents": _count(payload.get("freightCents"), "freightCents"),
         "stock": _count(payload.get("onHand"), "onHand"),
     }
+
+
+NOT_FOUND: Final = "not_found"
+"""What :func:`batch_dialect` maps a SKU to when the supplier said it has no such part."""
+OFFER_KEYS: Final = ("unitCents", "shippingCents", "stock")
+_OFFERED: Final = frozenset({"mpn", "qty", "offer"})
+_REFUSED: Final = frozenset({"mpn", "qty", "error"})
+_ERROR_KEYS: Final = frozenset({"code", "message"})
+
+BatchResult = dict[str, str | int] | str
+"""One line's result: the protocol's five keys, or :data:`NOT_FOUND`."""
+
+
+def batch_dialect(payload: object, asked: Iterable[Asked]) -> dict[str, BatchResult]:
+    """The ``batch`` dialect's results for the lines of one call, by SKU.
+
+    The payload::
+
+        {"results": [
+            {"mpn": "KB-001", "qty": 10,
+             "offer": {"unitCents": 1080, "shippingCents": 300, "stock": 20}},
+            {"mpn": "NOPE", "qty": 1,
+             "error": {"code": "not_found", "message": "atlas has no part NOPE"}}]}
+
+    ``asked`` holds one object per line of the call (``supplier``, ``sku``,
+    ``quantity``). Entries are matched to lines by ``mpn``, never by position,
+    so results in any order are read alike. An entry becomes the five keys
+    (``unitCents`` → ``unit_cents``, ``shippingCents`` → ``shipping_cents``,
+    ``stock`` → ``stock``), or ``"not_found"`` for the error code
+    ``not_found``. Left out of the mapping (QuoteFlow: that line's
+    ``invalid_data``): a line no entry answers, an entry whose ``qty`` is not
+    the line's quantity (its price would be another break's), any key more or
+    less than the shapes above, a number that is not a non-negative integer
+    (``true``, ``1080.0`` and ``"1080"`` included), another error code, and a
+    part answered twice. An entry for a part not asked is ignored.
+
+    Raises :class:`AdapterError` (every line of the call ``invalid_data``) if the
+    payload is not exactly ``{"results": [...]}``, or if a SKU is asked twice or
+    is not a string (the lines cannot be told apart).
+    """
+    lines: dict[str, Asked] = {}
+    for line in asked:
+        sku = line.sku
+        if type(sku) is not str or sku in lines:
+            raise AdapterError("asked: a SKU that is not a string, or asked twice")
+        lines[sku] = line
+    if type(payload) is not dict or set(payload) != {"results"}:
+        raise AdapterError('payload: not a JSON object {"results": [...]}')
+    results = payload["results"]
+    if type(results) is not list:
+        raise AdapterError("results: not a list")
+    found: dict[str, BatchResult] = {}
+    refused: set[str] = set()
+    for entry in results:
+        mpn = entry.get("mpn") if type(entry) is dict else None
+        if type(mpn) is not str or mpn not in lines:
+            continue  # not an entry for a line of this call: nothing to read
+        if mpn in found or mpn in refused:
+            found.pop(mpn, None)  # answered twice: which one holds is anyone's guess
+            refused.add(mpn)
+            continue
+        result = _batch_entry(entry, lines[mpn])
+        if result is None:
+            refused.add(mpn)
+        else:
+            found[mpn] = result
+    return {sku: found[sku] for sku in lines if sku in found}
+
+
+def _batch_entry(entry: dict[str, object], line: Asked) -> BatchResult | None:
+    """One entry for ``line`` as its result, or ``None`` if it cannot be read."""
+    qty = entry.get("qty")
+    if type(qty) is not int or qty != line.quantity:
+        return None
+    keys = entry.keys()
+    if keys == _OFFERED:
+        offer = entry["offer"]
+        if type(offer) is not dict or offer.keys() != set(OFFER_KEYS):
+            return None
+        unit, shipping, stock = (offer[key] for key in OFFER_KEYS)
+        if not all(type(value) is int and value >= 0 for value in (unit, shipping, stock)):
+            return None
+        return {
+            "supplier": line.supplier,
+            "sku": line.sku,
+            "unit_cents": unit,
+            "shipping_cents": shipping,
+            "stock": stock,
+        }
+    if keys == _REFUSED:
+        error = entry["error"]
+        if (
+            type(error) is dict
+            and error.keys() == _ERROR_KEYS
+            and error["code"] == NOT_FOUND
+            and type(error["message"]) is str
+        ):
+            return NOT_FOUND
+    return None
 
 
 def cents(value: object, field: str) -> int:

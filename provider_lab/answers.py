@@ -17,13 +17,13 @@ import socket
 import struct
 import zlib
 from collections.abc import Mapping
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 
 import attrs
 from aiohttp import web
 
-from provider_lab.catalogue import Offer
-from provider_lab.faults import SPECS, Fault, Kind
+from provider_lab.catalogue import Offer, lookup
+from provider_lab.faults import SPECS, AnyKind, Fault, Kind
 from provider_lab.state import LabState
 
 logger = logging.getLogger(__name__)
@@ -41,6 +41,31 @@ Pairs = list[tuple[str, str]]
 Waited = Literal["done", "deadline", "gone"]
 
 
+class Quote(Protocol):
+    """A request's good answer, not yet written: what every fault and scenario starts from.
+
+    A single-SKU dialect's is an :class:`Offered` (the call and the supplier's
+    offer for the SKU); the batch dialect's holds every part's result.
+    """
+
+    def ok(self) -> web.Response:
+        """The 200 as the dialect writes it."""
+        ...
+
+    def body(self) -> bytes:
+        """The 200's bytes (faults that send a valid answer, or break its bytes, use them)."""
+        ...
+
+    def malformed(self) -> bytes:
+        """The ``malformed`` scenario's body: the answer with a value of the wrong type."""
+        ...
+
+    def changed(self, fault: Fault) -> bytes:
+        """The body of a data fault that changes a field (``wrong_types`` … ``wrong_sku``),
+        or of a batch dialect's own fault."""
+        ...
+
+
 @attrs.frozen
 class Call:
     """One supplier request as the lab understood it, asked the classic way.
@@ -48,7 +73,7 @@ class Call:
     ``GET /quotes/{supplier}?sku=...``. The other dialects
     (:mod:`provider_lab.dialects`) are subclasses that write their own good
     quote, 404 and redirect target; every fault and scenario reaches a
-    dialect's bytes through these methods alone.
+    dialect's bytes through these methods alone, by way of :meth:`quote`.
     """
 
     request: web.Request
@@ -58,6 +83,20 @@ class Call:
     scenario: str
     request_id: str | None
     deadline: float | None  # loop time after which the caller has given up, if it said so
+
+    def quote(self) -> Quote | None:
+        """This request's good answer; ``None``: the supplier does not sell the SKU (the 404,
+        whatever the fault or scenario)."""
+        offer = lookup(self.supplier, self.sku)
+        return None if offer is None else Offered(self, offer)
+
+    def batch_size(self) -> int | None:
+        """How many parts the request asks for in one call: ``None`` but in the batch dialect."""
+        return None
+
+    def first_sight(self) -> str:
+        """What ``flaky`` and ``blip`` remember a first sight by: supplier and request id."""
+        return f"{self.supplier} {self.request_id}"
 
     def ok(self, offer: Offer) -> web.Response:
         """The 200 with ``offer`` as this dialect writes a good quote."""
@@ -84,6 +123,30 @@ class Call:
         """Where a 3xx sends this request: the same question to supplier ``other``."""
         query = self.request.query_string
         return f"/quotes/{other}" + (f"?{query}" if query else "")
+
+
+@attrs.frozen
+class Offered:
+    """A single-SKU dialect's good answer: ``call``'s own bytes for ``offer``."""
+
+    call: Call
+    offer: Offer
+
+    def ok(self) -> web.Response:
+        """The 200 as ``call``'s dialect writes it."""
+        return self.call.ok(self.offer)
+
+    def body(self) -> bytes:
+        """The 200's bytes."""
+        return self.call.body(self.offer)
+
+    def malformed(self) -> bytes:
+        """The ``malformed`` scenario's body in ``call``'s dialect."""
+        return self.call.malformed(self.offer)
+
+    def changed(self, fault: Fault) -> bytes:
+        """The classic five keys, changed as ``fault`` says, whatever the dialect."""
+        return changed_quote(self.call, fault, self.offer)
 
 
 def quote_pairs(supplier: str, sku: str, offer: Offer) -> Pairs:
@@ -160,12 +223,13 @@ def _error_body(error: str, size: int) -> bytes:
 
 def http_error(call: Call, fault: Fault) -> web.Response:
     """A non-200 answer: 404, 429, 500, 503 or any status 300–599."""
-    status = {
+    statuses: dict[AnyKind, int] = {
         Kind.HTTP_404: 404,
         Kind.HTTP_429: 429,
         Kind.HTTP_500: 500,
         Kind.HTTP_503: 503,
-    }.get(fault.kind) or fault.int_param("status")
+    }
+    status = statuses.get(fault.kind) or fault.int_param("status")
     headers: dict[str, str] = {}
     retry_after = fault.optional_int_param("retry_after")
     if retry_after is not None:
@@ -177,25 +241,33 @@ def http_error(call: Call, fault: Fault) -> web.Response:
     return web.Response(status=status, body=body, content_type=JSON, headers=headers)
 
 
-def bad_data(call: Call, fault: Fault, offer: Offer) -> web.Response:
+def bad_data(fault: Fault, quote: Quote) -> web.Response:
     """A 200 whose body is wrong in exactly the way ``fault`` names.
 
-    ``not_json`` and ``wrong_content_type`` start from the call's own dialect;
-    the kinds that change one field start from the classic five keys, a body
-    no adapter of another dialect accepts either.
+    ``not_json`` and ``wrong_content_type`` start from the call's own dialect's
+    body; the kinds that change one field are the quote's to write
+    (:meth:`Quote.changed`), as are the batch dialect's own kinds.
     """
     match fault.kind:
         case Kind.NOT_JSON:
-            body, content_type = _not_json(fault.str_param("variant"), call.body(offer))
+            body, content_type = _not_json(fault.str_param("variant"), quote.body())
             return web.Response(body=body, content_type=content_type)
         case Kind.WRONG_CONTENT_TYPE:
-            return web.Response(body=call.body(offer), content_type="text/plain")
+            return web.Response(body=quote.body(), content_type="text/plain")
+    return web.Response(body=quote.changed(fault), content_type=JSON)
+
+
+def changed_quote(call: Call, fault: Fault, offer: Offer) -> bytes:
+    """The classic five keys for ``offer``, with the one change a field-changing kind names.
+
+    The other single-SKU dialects send these too: a body no adapter of theirs accepts either.
+    """
     pairs = quote_pairs(call.supplier, call.sku, offer)
     values = dict(pairs)
     match fault.kind:
         case Kind.WRONG_TYPES:
             field = fault.str_param("field")
-            values[field] = _retyped(int(values[field]), fault.str_param("variant"))
+            values[field] = retyped(int(values[field]), fault.str_param("variant"))
         case Kind.NEGATIVE:
             field = fault.str_param("field")
             values[field] = str(-(abs(int(values[field])) or 1))
@@ -204,9 +276,7 @@ def bad_data(call: Call, fault: Fault, offer: Offer) -> web.Response:
         case Kind.MISSING_KEY:
             del values[fault.str_param("field")]
         case Kind.DUPLICATE_KEY:
-            return web.Response(
-                body=render([*pairs, (fault.str_param("field"), "1")]), content_type=JSON
-            )
+            return render([*pairs, (fault.str_param("field"), "1")])
         case Kind.WRONG_SUPPLIER:
             other = call.state.other_than(call.supplier)
             values["supplier"] = json.dumps(other)
@@ -214,10 +284,11 @@ def bad_data(call: Call, fault: Fault, offer: Offer) -> web.Response:
             values["sku"] = json.dumps(call.sku + "-OTHER")
         case _:  # pragma: no cover - the dispatcher only sends data kinds here
             raise AssertionError(fault.kind)
-    return web.Response(body=render(list(values.items())), content_type=JSON)
+    return render(list(values.items()))
 
 
-def _retyped(value: int, variant: str) -> str:
+def retyped(value: int, variant: str) -> str:
+    """``value`` written as another JSON type, as ``wrong_types``' ``variant`` names it."""
     return {
         "string": json.dumps(str(value)),
         "bool": "true",
@@ -240,9 +311,9 @@ def _not_json(variant: str, quote: bytes) -> tuple[bytes, str]:
     }[variant]
 
 
-def bad_gzip(call: Call, offer: Offer) -> web.Response:
+def bad_gzip(quote: Quote) -> web.Response:
     """A 200 that claims gzip but whose bytes are plain text."""
-    body = call.body(offer)
+    body = quote.body()
     return web.Response(body=body, content_type=JSON, headers={"Content-Encoding": "gzip"})
 
 
@@ -285,16 +356,15 @@ def warm_up() -> None:
     _deflated_padding(default)
 
 
-async def gzip_bomb(call: Call, fault: Fault, offer: Offer) -> web.Response:
+async def gzip_bomb(fault: Fault, quote: Quote) -> web.Response:
     """A small, valid gzip body that inflates to ``size`` bytes of whitespace and a quote."""
-    quote = call.body(offer)
-    body = await asyncio.to_thread(gzip_bomb_body, quote, fault.int_param("size"))
+    body = await asyncio.to_thread(gzip_bomb_body, quote.body(), fault.int_param("size"))
     return web.Response(body=body, content_type=JSON, headers={"Content-Encoding": "gzip"})
 
 
-async def oversized(call: Call, fault: Fault, offer: Offer) -> web.StreamResponse:
+async def oversized(call: Call, fault: Fault, good: Quote) -> web.StreamResponse:
     """A valid quote padded with whitespace to ``size`` bytes, streamed without buffering it."""
-    quote = call.body(offer)
+    quote = good.body()
     size = max(fault.int_param("size"), len(quote))
     response = web.StreamResponse()
     response.content_type = JSON
@@ -333,16 +403,16 @@ def reset_connection(request: web.Request) -> None:
     transport.abort()
 
 
-async def reset_mid_body(call: Call, offer: Offer) -> web.StreamResponse:
+async def reset_mid_body(call: Call, quote: Quote) -> web.StreamResponse:
     """Headers and half the body, a moment for the client to read them, then a TCP RST."""
-    response = await _half_sent(call, offer)
+    response = await _half_sent(call, quote)
     await asyncio.sleep(0.05)
     reset_connection(call.request)
     return response
 
 
-async def _half_sent(call: Call, offer: Offer) -> web.StreamResponse:
-    body = call.body(offer)
+async def _half_sent(call: Call, quote: Quote) -> web.StreamResponse:
+    body = quote.body()
     response = web.StreamResponse()
     response.content_type = JSON
     response.content_length = len(body)
@@ -351,9 +421,9 @@ async def _half_sent(call: Call, offer: Offer) -> web.StreamResponse:
     return response
 
 
-async def truncated(call: Call, offer: Offer) -> web.StreamResponse:
+async def truncated(call: Call, quote: Quote) -> web.StreamResponse:
     """Half the promised ``Content-Length``, then a clean close (FIN)."""
-    response = await _half_sent(call, offer)
+    response = await _half_sent(call, quote)
     transport = call.request.transport
     if transport is not None:
         transport.close()  # flushes what was written, then closes
@@ -377,12 +447,12 @@ def not_http(call: Call) -> web.StreamResponse:
     return gone()
 
 
-async def slow_body(call: Call, fault: Fault, offer: Offer) -> web.StreamResponse:
+async def slow_body(call: Call, fault: Fault, quote: Quote) -> web.StreamResponse:
     """Headers and half the body now, the rest after ``ms`` (or a close at the deadline)."""
-    response = await _half_sent(call, offer)
+    response = await _half_sent(call, quote)
     waited = await wait(call, fault.int_param("ms") / 1000)
     if waited == "done":
-        body = call.body(offer)
+        body = quote.body()
         await response.write(body[len(body) // 2 :])
     elif waited == "deadline" and call.request.transport is not None:
         call.state.stats.deadline_expired += 1

@@ -12,7 +12,7 @@ from provider_lab import control, dialects, handlers, oauth2
 from provider_lab.state import STATE, LabConfig, LabState
 
 # Paths anyone who can reach the lab may use; everything else is the control API.
-PUBLIC_PREFIXES = ("/quotes/", "/health", "/json/", "/path/")
+PUBLIC_PREFIXES = ("/quotes/", "/health", "/json/", "/path/", "/batch/")
 TOKEN_PATH = "/oauth2/token"  # exactly: /oauth2 and /oauth2/tokens are control paths
 
 
@@ -50,7 +50,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 def create_app(config: LabConfig | None = None) -> web.Application:
-    """Build the lab: the suppliers in their three dialects, the token endpoint, the control
+    """Build the lab: the suppliers in their four dialects, the token endpoint, the control
     API and their shared state."""
     app = web.Application(middlewares=[loopback_only])
     app[STATE] = LabState(config or LabConfig())
@@ -58,6 +58,8 @@ def create_app(config: LabConfig | None = None) -> web.Application:
     app.router.add_get("/quotes/{supplier}", handlers.quote)
     app.router.add_post("/json/{supplier}/quote", dialects.json_quote)
     app.router.add_get("/path/{supplier}/parts/{sku}/price", dialects.path_quote)
+    app.router.add_post("/batch/{supplier}/match", dialects.batch_match)
+    app.router.add_get("/batch/{supplier}/parts", dialects.batch_parts)
     app.router.add_post(TOKEN_PATH, oauth2.token)
     control.add_routes(app.router)
     return app

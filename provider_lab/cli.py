@@ -17,7 +17,7 @@ from provider_lab.app import create_app
 from provider_lab.catalogue import SUPPLIERS, NamesError, check_names, names_from_file
 from provider_lab.contracts import ContractError, parse_contract_spec
 from provider_lab.faults import FaultError, parse_fault_spec
-from provider_lab.state import LabConfig
+from provider_lab.state import BATCH_MAX_ITEMS, MAX_BATCH_MAX_ITEMS, LabConfig
 from provider_lab.tokens import MAX_TTL, credential_ok
 
 logger = logging.getLogger("provider_lab")
@@ -62,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m provider_lab",
         description="Fake suppliers (atlas, boreal, cedar, or any you name) with switchable "
-        "faults, asked the classic way or in the json (OAuth2 bearer) and path (API key) "
-        "dialects.",
+        "faults, asked the classic way or in the json (OAuth2 bearer), path (API key) and "
+        "batch (many parts per call) dialects.",
     )
     named = parser.add_mutually_exclusive_group()
     named.add_argument(
@@ -141,6 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="lab-key",
         help="the key the path dialect wants in ?key= (lab-key)",
     )
+    parser.add_argument(
+        "--batch-max-items",
+        type=_int_in(1, MAX_BATCH_MAX_ITEMS),
+        default=BATCH_MAX_ITEMS,
+        metavar="N",
+        help=f"the most parts one batch-dialect call may ask for; more is a 413 "
+        f"({BATCH_MAX_ITEMS})",
+    )
     parser.add_argument("--access-log", action="store_true", help="log every request")
     parser.add_argument(
         "--log-level",
@@ -214,6 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         token_ttl=args.token_ttl,
         api_key=args.api_key,
         contracts=contracts,
+        batch_max_items=args.batch_max_items,
     )
     try:
         asyncio.run(serve(config, args.host, args.port, access_log=args.access_log))

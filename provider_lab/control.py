@@ -4,6 +4,7 @@ Served to loopback clients only (see :func:`provider_lab.app.loopback_only`).
 
 =========================  ==================================================
 ``GET /kinds``             every fault kind, what it does, its parameters
+``GET /kinds/batch``       the batch dialect's own fault kinds, likewise
 ``GET /faults``            every supplier's fault queue
 ``PUT /faults/{s}``        replace supplier ``s``'s faults with one fault
 ``POST /faults/{s}``       append a fault to ``s``'s queue
@@ -43,12 +44,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Iterable
 
 from aiohttp import web
 
 from provider_lab.answers import json_response
 from provider_lab.contracts import ContractError, contract_from_json
-from provider_lab.faults import SPECS, FaultError, fault_from_json
+from provider_lab.faults import BATCH_SPECS, SPECS, FaultError, KindSpec, fault_from_json
 from provider_lab.state import STATE
 from provider_lab.tokens import MAX_TTL, credential_ok
 from provider_lab.tokens import fault_from_json as token_fault_from_json
@@ -83,6 +85,15 @@ def _supplier(request: web.Request) -> str:
 
 async def kinds(request: web.Request) -> web.Response:
     """Describe every fault kind and its parameters."""
+    return _described(SPECS.items())
+
+
+async def batch_kinds(request: web.Request) -> web.Response:
+    """Describe the batch dialect's own fault kinds (switched on like any other)."""
+    return _described(BATCH_SPECS.items())
+
+
+def _described(specs: Iterable[tuple[str, KindSpec]]) -> web.Response:
     return json_response(
         200,
         {
@@ -98,7 +109,7 @@ async def kinds(request: web.Request) -> web.Response:
                     for name, param in spec.params.items()
                 },
             }
-            for kind, spec in SPECS.items()
+            for kind, spec in specs
         },
     )
 
@@ -362,6 +373,7 @@ async def put_api_key(request: web.Request) -> web.Response:
 def add_routes(router: web.UrlDispatcher) -> None:
     """Register the control API on ``router``."""
     router.add_get("/kinds", kinds)
+    router.add_get("/kinds/batch", batch_kinds)
     router.add_get("/faults", list_faults)
     router.add_delete("/faults", clear_all)
     router.add_put("/faults/{supplier}", put_fault)

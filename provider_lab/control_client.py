@@ -117,6 +117,19 @@ class LabControl:
         result: dict[str, Any] = await self._call("GET", f"/stats{query}")
         return result
 
+    async def batch_sizes(self, supplier: str) -> dict[int, int]:
+        """How many batch-dialect calls of each size (parts) ``supplier`` received since the
+        last reset, e.g. ``{50: 2, 20: 1}`` for a cart of 120 lines in chunks of 50."""
+        current = await self._call("GET", "/stats?summary=1")
+        sizes = current.get("batch_sizes", {}).get(supplier, {})
+        return {int(size): int(count) for size, count in sizes.items()}
+
+    async def batch_sizes_of(self, request_id: str) -> dict[str, list[int]]:
+        """Per supplier, the parts of each batch call that carried ``request_id``, in the order
+        received (the first 32 calls of that id)."""
+        per_id = (await self.stats(request_id)).get("batch_sizes_per_id", {})
+        return {supplier: list(sizes) for supplier, sizes in per_id.get(request_id, {}).items()}
+
     async def wait_idle(self, within_s: float = 5.0) -> None:
         """Wait until no supplier request is in flight (callers hang up after their deadline)."""
         loop = asyncio.get_running_loop()

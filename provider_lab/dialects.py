@@ -15,12 +15,27 @@
 
         {"part": "KB-001", "qty": 10, "unitPriceCents": 1080, "freightCents": 300, "onHand": 20}
 
+``batch``
+    Many parts in one call, no credentials: ``POST /batch/{supplier}/match`` with
+    ``{"parts": [{"mpn": "KB-001", "qty": 10}, ...], "scenario": "..."}``, or
+    ``GET /batch/{supplier}/parts?pn=A|B|C&qty=N&scenario=...`` (one quantity for
+    every part). At most ``LabConfig.batch_max_items`` parts (else ``413``), each
+    part number once. Answers one entry per part, in request order, each priced
+    for its quantity; a part the supplier does not sell is an error entry of the
+    200, never a 404::
+
+        {"results": [{"mpn": "KB-001", "qty": 10,
+                      "offer": {"unitCents": 1080, "shippingCents": 300, "stock": 20}},
+                     {"mpn": "NOPE", "qty": 1,
+                      "error": {"code": "not_found", "message": "atlas has no part NOPE"}}]}
+
 Each dialect reads (supplier, SKU, quantity, scenario) its own way — a request
 it cannot read is a ``400 bad_request`` that ``/stats`` does not count, as the
 classic dialect's 400s — checks its own credentials once the request is
 counted, and writes its own good quote and 404. Everything in between (the
 supplier's contract, latency, faults, scenarios, the catalogue) is
-:func:`provider_lab.handlers.serve`. The
+:func:`provider_lab.handlers.serve`, once per request: a batch call is one
+request, whatever its parts. The
 prices come from the classic offer (:func:`provider_lab.catalogue.price_breaks`).
 """
 
@@ -31,6 +46,7 @@ import functools
 import hmac
 import json
 import re
+from collections.abc import Callable
 from typing import Final
 from urllib.parse import unquote_to_bytes
 
@@ -38,8 +54,9 @@ import attrs
 from aiohttp import web
 
 from provider_lab import answers
-from provider_lab.answers import JSON, Call, json_response, render
-from provider_lab.catalogue import Offer, break_price, price_breaks
+from provider_lab.answers import JSON, Call, Pairs, json_response, render
+from provider_lab.catalogue import Offer, break_price, lookup, price_breaks
+from provider_lab.faults import BatchKind, Fault, Kind
 from provider_lab.handlers import Refusal, deadline, serve
 from provider_lab.state import SCENARIOS, STATE
 
@@ -308,3 +325,303 @@ def api_key(call: Call) -> Refusal | None:
     ):
         return None
     return "invalid_api_key", json_response(403, {"error": "invalid_api_key"})
+
+
+# -- batch: many parts in one call ------------------------------------------------------
+
+BATCH_SEPARATOR: Final = "|"
+"""What separates the part numbers of ``GET /batch/{supplier}/parts?pn=``."""
+_OFFER_KEYS: Final = {
+    "unit_cents": "unitCents",
+    "shipping_cents": "shippingCents",
+    "stock": "stock",
+}
+"""The classic field a data fault names → its key in a batch offer."""
+_OTHER: Final = "-OTHER"
+
+Spoil = Callable[[Pairs, Pairs], tuple[Pairs, Pairs | None]]
+"""A change to one entry: (its mpn and qty, its offer) → the same, changed (offer None: gone)."""
+
+
+@attrs.frozen
+class Part:
+    """One part a batch call asks for: the supplier's part number (the SKU) and a quantity."""
+
+    mpn: str
+    qty: int
+
+
+@attrs.frozen
+class BatchCall(Call):
+    """A ``batch``-dialect call: its parts in request order (``sku`` is the first one's)."""
+
+    parts: tuple[Part, ...]
+
+    def quote(self) -> Results:
+        """Every part's result: a batch call always has an answer, an unknown part an entry."""
+        return Results(self, tuple(lookup(self.supplier, part.mpn) for part in self.parts))
+
+    def batch_size(self) -> int:
+        """How many parts the call asks for."""
+        return len(self.parts)
+
+    def first_sight(self) -> str:
+        """Supplier, request id and the first part: each chunk of a cart is a first sight."""
+        return f"{self.supplier} {self.request_id}\n{self.parts[0].mpn}"
+
+    def elsewhere(self, other: str) -> str:
+        """A 3xx's target: the same call (the same query, as sent) at supplier ``other``."""
+        if self.request.method == "POST":
+            return f"/batch/{other}/match"
+        query = self.request.rel_url.raw_query_string
+        return f"/batch/{other}/parts" + (f"?{query}" if query else "")
+
+
+@attrs.frozen
+class Results:
+    """A batch call's good answer, and every way a fault or scenario spoils it.
+
+    ``{"results": [entry, ...]}``, one entry per part in request order: ``{"mpn", "qty",
+    "offer": {"unitCents", "shippingCents", "stock"}}``, priced for that part's quantity,
+    or ``{"mpn", "qty", "error": {"code": "not_found", "message"}}``.
+    """
+
+    call: BatchCall
+    offers: tuple[Offer | None, ...]
+    """Each part's offer, in the parts' order; ``None``: the supplier does not sell it."""
+
+    def ok(self) -> web.Response:
+        """The 200."""
+        return web.Response(body=self.body(), content_type=JSON)
+
+    def body(self) -> bytes:
+        """The 200's bytes."""
+        return _results([self._entry(index) for index in range(len(self.offers))])
+
+    def malformed(self) -> bytes:
+        """The ``malformed`` scenario: every offer's ``unitCents`` as a string."""
+        return self._every(_unit_as_text)
+
+    def changed(self, fault: Fault) -> bytes:
+        """A data fault on every offer of the call, or a batch fault on its last part's entry."""
+        kind = fault.kind
+        if isinstance(kind, BatchKind):
+            entries = [self._entry(index) for index in range(len(self.offers))]
+            last = len(entries) - 1
+            match kind:
+                case BatchKind.MALFORMED_ENTRY:
+                    entries[last] = self._entry(last, _unit_as_text, error_code="404")
+                case BatchKind.MISSING_ENTRY:
+                    del entries[last]
+                case BatchKind.SHUFFLED:
+                    entries.reverse()
+                case BatchKind.WRONG_MPN:
+                    entries[last] = self._entry(last, mpn=self.call.parts[last].mpn + _OTHER)
+            return _results(entries)
+        return self._every(_spoiler(fault, self.call.state.other_than(self.call.supplier)))
+
+    def _every(self, spoil: Spoil) -> bytes:
+        return _results([self._entry(index, spoil) for index in range(len(self.offers))])
+
+    def _entry(
+        self,
+        index: int,
+        spoil: Spoil | None = None,
+        *,
+        error_code: str = '"not_found"',
+        mpn: str | None = None,
+    ) -> Pairs:
+        """Part ``index``'s entry: ``spoil`` changes an offer; an error entry keeps its own."""
+        part, offer = self.call.parts[index], self.offers[index]
+        head: Pairs = [
+            ("mpn", json.dumps(part.mpn if mpn is None else mpn)),
+            ("qty", str(part.qty)),
+        ]
+        if offer is None:
+            message = json.dumps(f"{self.call.supplier} has no part {part.mpn}")
+            return [*head, ("error", _text([("code", error_code), ("message", message)]))]
+        priced: Pairs = [
+            ("unitCents", str(break_price(offer, part.qty))),
+            ("shippingCents", str(offer.shipping_cents)),
+            ("stock", str(offer.stock)),
+        ]
+        if spoil is None:
+            return [*head, ("offer", _text(priced))]
+        head, spoiled = spoil(head, priced)
+        return head if spoiled is None else [*head, ("offer", _text(spoiled))]
+
+
+def _text(pairs: Pairs) -> str:
+    return render(pairs).decode()
+
+
+def _results(entries: list[Pairs]) -> bytes:
+    return render([("results", "[" + ", ".join(_text(entry) for entry in entries) + "]")])
+
+
+def _unit_as_text(head: Pairs, offer: Pairs) -> tuple[Pairs, Pairs]:
+    return head, [(k, json.dumps(v) if k == "unitCents" else v) for k, v in offer]
+
+
+def _spoiler(fault: Fault, other: str) -> Spoil:
+    """``fault`` (a classic data kind that changes a field) as a change to one offered entry."""
+
+    def spoil(head: Pairs, offer: Pairs) -> tuple[Pairs, Pairs | None]:
+        values = dict(offer)
+        match fault.kind:
+            case Kind.WRONG_TYPES:
+                key = _OFFER_KEYS[fault.str_param("field")]
+                values[key] = answers.retyped(int(values[key]), fault.str_param("variant"))
+            case Kind.NEGATIVE:
+                key = _OFFER_KEYS[fault.str_param("field")]
+                values[key] = str(-(abs(int(values[key])) or 1))
+            case Kind.EXTRA_KEY:
+                values["currency"] = json.dumps(CURRENCY)
+            case Kind.DUPLICATE_KEY:
+                return head, [*offer, (_OFFER_KEYS[fault.str_param("field")], "1")]
+            case Kind.MISSING_KEY:
+                field = fault.str_param("field")
+                if field == "sku":
+                    return [pair for pair in head if pair[0] != "mpn"], offer
+                if field == "supplier":
+                    return head, None
+                del values[_OFFER_KEYS[field]]
+            case Kind.WRONG_SUPPLIER:
+                return [*head, ("supplier", json.dumps(other))], offer
+            case Kind.WRONG_SKU:
+                mpn = json.loads(head[0][1]) + _OTHER
+                return [("mpn", json.dumps(mpn)), *head[1:]], offer
+            case _:  # pragma: no cover - only the field-changing kinds come here
+                raise AssertionError(fault.kind)
+        return head, list(values.items())
+
+    return spoil
+
+
+def _batch_order(data: object) -> tuple[tuple[Part, ...], str] | str:
+    """``(parts, scenario)`` from a decoded ``POST /batch/.../match`` body, or what is wrong."""
+    if type(data) is not dict:
+        return "body: must be a JSON object"
+    unknown = sorted(set(data) - {"parts", "scenario"})
+    if unknown:
+        return f"{unknown[0]}: not a field (parts, scenario)"
+    items = data.get("parts")
+    if type(items) is not list or not items:
+        return "parts: must be a non-empty list"
+    parts: list[Part] = []
+    for index, item in enumerate(items):
+        if type(item) is not dict or set(item) != {"mpn", "qty"}:
+            return f'parts[{index}]: must be {{"mpn": "<sku>", "qty": N}}'
+        part = _part(f"parts[{index}]", item["mpn"], item["qty"])
+        if isinstance(part, str):
+            return part
+        parts.append(part)
+    repeated = _repeated(parts, "parts[{}].mpn")
+    if repeated is not None:
+        return repeated
+    scenario = data.get("scenario", "normal")
+    if type(scenario) is not str or scenario not in SCENARIOS:
+        return f"scenario: must be one of {', '.join(SCENARIOS)}"
+    return tuple(parts), scenario
+
+
+def _part(where: str, mpn: object, qty: object) -> Part | str:
+    if type(mpn) is not str or not mpn:
+        return f"{where}.mpn: must be a non-empty string"
+    if type(qty) is not int or not 1 <= qty <= MAX_QUANTITY:
+        return f"{where}.qty: must be an integer 1–{MAX_QUANTITY}"
+    return Part(mpn, qty)
+
+
+def _repeated(parts: list[Part], where: str) -> str | None:
+    """What is wrong if a part number is asked twice in one call (each part once a call)."""
+    first: dict[str, int] = {}
+    for index, part in enumerate(parts):
+        earlier = first.setdefault(part.mpn, index)
+        if earlier != index:
+            return f"{where.format(index)}: {part.mpn!r} repeats part {earlier}: ask a part once"
+    return None
+
+
+async def batch_match(request: web.Request) -> web.StreamResponse:
+    """``POST /batch/{supplier}/match``: read the parts, then the pipeline once for the call."""
+    supplier = request.match_info["supplier"]
+    state = request.app[STATE]
+    if supplier not in state.suppliers:
+        return _unknown_supplier(supplier)
+    if request.content_type != JSON:
+        return _bad_request("Content-Type: must be application/json")
+    try:
+        data = json.loads(await request.read(), object_pairs_hook=_object, parse_constant=_constant)
+    except ValueError as exc:
+        return _bad_request(f"body: not JSON ({exc})")
+    order = _batch_order(data)
+    if isinstance(order, str):
+        return _bad_request(order)
+    parts, scenario = order
+    return await serve(_batch_call(request, supplier, parts, scenario), within_max_items)
+
+
+async def batch_parts(request: web.Request) -> web.StreamResponse:
+    """``GET /batch/{supplier}/parts?pn=A|B&qty=N``: part numbers joined by ``|``, one quantity."""
+    supplier = request.match_info["supplier"]
+    state = request.app[STATE]
+    if supplier not in state.suppliers:
+        return _unknown_supplier(supplier)
+    unknown = sorted(set(request.query) - {"pn", "qty", "scenario"})
+    if unknown:
+        return _bad_request(f"{unknown[0]}: not a parameter (pn, qty, scenario)")
+    try:
+        joined = _one(request, "pn")
+        quantity_text = _one(request, "qty")
+        scenario = _one(request, "scenario") or "normal"
+    except ValueError as exc:
+        return _bad_request(str(exc))
+    if joined is None:
+        return _bad_request(f"pn: required, part numbers separated by {BATCH_SEPARATOR!r}")
+    if (
+        quantity_text is None
+        or not _QUANTITY_TEXT.fullmatch(quantity_text)
+        or not 1 <= int(quantity_text) <= MAX_QUANTITY
+    ):
+        return _bad_request(f"qty: required, an integer 1–{MAX_QUANTITY}")
+    quantity = int(quantity_text)
+    parts: list[Part] = []
+    for index, mpn in enumerate(joined.split(BATCH_SEPARATOR)):
+        part = _part(f"pn[{index}]", mpn, quantity)
+        if isinstance(part, str):
+            return _bad_request(part)
+        parts.append(part)
+    repeated = _repeated(parts, "pn[{}]")
+    if repeated is not None:
+        return _bad_request(repeated)
+    if scenario not in SCENARIOS:
+        return _bad_request(f"scenario: must be one of {', '.join(SCENARIOS)}")
+    return await serve(_batch_call(request, supplier, tuple(parts), scenario), within_max_items)
+
+
+def _batch_call(
+    request: web.Request, supplier: str, parts: tuple[Part, ...], scenario: str
+) -> BatchCall:
+    headers = request.headers
+    return BatchCall(
+        request=request,
+        state=request.app[STATE],
+        supplier=supplier,
+        sku=parts[0].mpn,
+        scenario=scenario,
+        request_id=headers.get("X-Request-ID"),
+        deadline=deadline(headers.get("X-Deadline-Remaining-Ms")),
+        parts=parts,
+    )
+
+
+def within_max_items(call: Call) -> Refusal | None:
+    """The batch dialect's gate: no credentials, but at most ``batch_max_items`` parts; else
+    413, counted as ``too_many_parts``."""
+    size = call.batch_size()
+    limit = call.state.config.batch_max_items
+    if size is None or size <= limit:
+        return None
+    body = {"error": "too_many_parts", "max_items": limit, "parts": size}
+    return "too_many_parts", json_response(413, body)

@@ -9,6 +9,10 @@ lives in :mod:`provider_lab.answers`.
 
 The same validation serves the control API (JSON values) and the CLI's
 ``--fault SUPPLIER:KIND[:KEY=VALUE,...]`` (text values converted first).
+
+The batch dialect's own faults (:class:`BatchKind`) are kinds of their own:
+they spoil one entry of a batch answer, so a call of another dialect that
+takes one from the queue uses it up and is answered as if it had none.
 """
 
 from __future__ import annotations
@@ -62,6 +66,23 @@ class Kind(enum.StrEnum):
     WRONG_CONTENT_TYPE = "wrong_content_type"
     # A 503 once per request id with probability P (benchmarks).
     BLIP = "blip"
+
+
+class BatchKind(enum.StrEnum):
+    """Faults of the batch dialect only: a 200 whose results are wrong in one place.
+
+    Each hits the entry of the call's last part (``provider_lab.dialects``), so
+    a test can check that the other entries were kept.
+    """
+
+    MALFORMED_ENTRY = "batch_malformed_entry"
+    MISSING_ENTRY = "batch_missing_entry"
+    SHUFFLED = "batch_shuffled"
+    WRONG_MPN = "batch_wrong_mpn"
+
+
+AnyKind = Kind | BatchKind
+"""A fault kind of any dialect."""
 
 
 class FaultError(ValueError):
@@ -183,12 +204,30 @@ SPECS: Final[Mapping[Kind, KindSpec]] = {
     ),
 }
 
+BATCH_SPECS: Final[Mapping[BatchKind, KindSpec]] = {
+    BatchKind.MALFORMED_ENTRY: KindSpec(
+        "batch calls only: 200 whose last part's entry has a value of the wrong type "
+        "(its offer's unitCents as a string; a not_found entry's error code as a number)"
+    ),
+    BatchKind.MISSING_ENTRY: KindSpec("batch calls only: 200 leaving the last part's entry out"),
+    BatchKind.SHUFFLED: KindSpec("batch calls only: 200 with the results in reverse request order"),
+    BatchKind.WRONG_MPN: KindSpec(
+        'batch calls only: 200 whose last part\'s entry names its mpn with "-OTHER" appended'
+    ),
+}
+ALL_SPECS: Final[Mapping[AnyKind, KindSpec]] = {
+    **{kind: spec for kind, spec in SPECS.items()},
+    **{kind: spec for kind, spec in BATCH_SPECS.items()},
+}
+"""Every kind of every dialect: what ``PUT``/``POST /faults`` and ``--fault`` accept."""
+_KIND_NAMES: Final = {str(kind): kind for kind in ALL_SPECS}
+
 
 @attrs.frozen
 class Fault:
     """One switched-on fault: a kind, how many requests it lasts, and its parameters."""
 
-    kind: Kind
+    kind: AnyKind
     count: int | None = None
     params: Mapping[str, int | float | str | None] = attrs.field(factory=dict)
 
@@ -255,14 +294,14 @@ def fault_from_json(data: object) -> Fault:
         raise FaultError(["body: must be a JSON object"])
     problems: list[str] = []
     raw_kind = data.get("kind")
-    if not isinstance(raw_kind, str) or raw_kind not in Kind.__members__.values():
-        choices = ", ".join(k.value for k in Kind)
+    kind = _KIND_NAMES.get(raw_kind) if isinstance(raw_kind, str) else None
+    if kind is None:
+        choices = ", ".join(_KIND_NAMES)
         raise FaultError([f"kind: required, one of {choices}"])
-    kind = Kind(raw_kind)
     count = data.get("count")
     if count is not None and (type(count) is not int or count < 1):
         problems.append("count: must be a positive integer or null (until cleared)")
-    spec = SPECS[kind]
+    spec = ALL_SPECS[kind]
     params: dict[str, int | float | str | None] = {}
     for name, param in spec.params.items():
         if name in data:
@@ -280,10 +319,10 @@ def fault_from_json(data: object) -> Fault:
     return Fault(kind=kind, count=count, params=params)
 
 
-def _convert_text(name: str, text: str, kind: Kind) -> object:
+def _convert_text(name: str, text: str, kind: AnyKind) -> object:
     if name == "count":
         return None if text.lower() in ("", "none", "null") else _to_int(name, text)
-    param = SPECS[kind].params.get(name)
+    param = ALL_SPECS[kind].params.get(name)
     if param is None or param.type is str:
         return text
     if param.nullable and text.lower() in ("none", "null"):
@@ -315,9 +354,10 @@ def parse_fault_spec(spec: str, suppliers: Sequence[str] = SUPPLIERS) -> tuple[s
         )
     kind_text, _, options = rest.partition(":")
     data: dict[str, object] = {"kind": kind_text}
-    if kind_text not in Kind.__members__.values():
+    kind = _KIND_NAMES.get(kind_text)
+    if kind is None:
         fault_from_json(data)  # raises the "unknown kind" error
-    kind = Kind(kind_text)
+        raise AssertionError(kind_text)  # pragma: no cover - it raised
     for item in filter(None, options.split(",")):
         name, eq, value = item.partition("=")
         if not eq:

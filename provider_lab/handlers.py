@@ -3,12 +3,13 @@
 Order of decisions for one request: the dialect reads it (``/quotes/{supplier}``
 here; :mod:`provider_lab.dialects` for the others): unknown supplier (404), a
 request it cannot read (400) → count it → the dialect's credentials (bearer
-token, API key; none for the classic dialect) → the supplier's contract, if it
-has one (:mod:`provider_lab.contracts`: 503 past its concurrency, 429 past its
-rate) → the lab-wide latency → the supplier's next fault, if any → the scenario
-(boreal only) → the catalogue (404 for an unknown SKU) → the quote, written in
-the dialect's shape. The supplier's ``Cache-Control``, if one is set, goes on
-whatever answer that is.
+token, API key; none for the classic dialect; the batch dialect's parts limit,
+413) → the supplier's contract, if it has one (:mod:`provider_lab.contracts`:
+503 past its concurrency, 429 past its rate) → the lab-wide latency → the
+supplier's next fault, if any → the scenario (boreal only) → the catalogue
+(404 for an unknown SKU; a batch call's unknown part is an entry of its
+answer) → the quote, written in the dialect's shape. The supplier's
+``Cache-Control``, if one is set, goes on whatever answer that is.
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ from aiohttp import web
 
 from provider_lab import answers
 from provider_lab.answers import Call
-from provider_lab.catalogue import lookup
-from provider_lab.faults import Fault, Kind
+from provider_lab.faults import BatchKind, Fault, Kind
 from provider_lab.state import SCENARIOS, STATE
 
 logger = logging.getLogger(__name__)
@@ -110,6 +110,7 @@ async def serve(call: Call, gate: Gate | None = None) -> web.StreamResponse:
         headers.get("X-Attempt"),
         headers.get("X-Deadline-Remaining-Ms"),
         headers.get("traceparent"),
+        call.batch_size(),
     )
     line = state.contracts.lines[call.supplier]
     entered = False
@@ -159,6 +160,8 @@ class _Label:
 async def _decide(call: Call, label: _Label) -> tuple[str, web.StreamResponse]:
     state = call.state
     fault = state.faults.take(call.supplier)
+    if fault is not None and isinstance(fault.kind, BatchKind) and call.batch_size() is None:
+        fault = None  # a batch dialect's fault, used up by a call of another: none for it
     if state.latency_ms:
         waited = await answers.wait(call, state.latency_ms / 1000)
         if waited != "done":
@@ -170,10 +173,10 @@ async def _decide(call: Call, label: _Label) -> tuple[str, web.StreamResponse]:
         scenario = await _scenario(call)
         if scenario is not None:
             return scenario
-    offer = lookup(call.supplier, call.sku)
-    if offer is None:
+    quote = call.quote()
+    if quote is None:
         return "unknown_sku", call.unknown_sku()
-    return "ok", call.ok(offer)
+    return "ok", quote.ok()
 
 
 def _stopped(call: Call, waited: answers.Waited) -> tuple[str, web.StreamResponse]:
@@ -195,14 +198,14 @@ async def _scenario(call: Call) -> tuple[str, web.StreamResponse] | None:
         case "flaky":
             # No X-Request-ID means every request is a first sight: always 503.
             # Keyed per supplier too: with several playing, each fails its first sight.
-            seen = f"{call.supplier} {call.request_id}"
-            if call.request_id is None or call.state.flaky_seen.add(seen):
+            # A batch call's first sight is also keyed by its first part (each chunk of a cart).
+            if call.request_id is None or call.state.flaky_seen.add(call.first_sight()):
                 return label, answers.json_response(503, {"error": "scenario_flaky"})
         case "malformed":
-            offer = lookup(call.supplier, call.sku)
-            if offer is None:
+            quote = call.quote()
+            if quote is None:
                 return "unknown_sku", call.unknown_sku()
-            return label, web.Response(body=call.malformed(offer), content_type=answers.JSON)
+            return label, web.Response(body=quote.malformed(), content_type=answers.JSON)
     return None
 
 
@@ -234,34 +237,33 @@ async def _faulty(call: Call, fault: Fault) -> web.StreamResponse:
         if waited != "done":
             return _stopped(call, waited)[1]
     if kind is Kind.BLIP:
-        first = call.request_id is None or call.state.blip_seen.add(
-            f"{call.supplier} {call.request_id}"
-        )
+        first = call.request_id is None or call.state.blip_seen.add(call.first_sight())
         if first and call.state.random.random() < fault.float_param("probability"):
             logger.info("blip_fired supplier=%s request_id=%s", call.supplier, call.request_id)
             return answers.json_response(503, {"error": "injected_blip"})
-    # Every remaining kind needs the offer; an unknown SKU stays a 404 whatever the fault.
-    offer = lookup(call.supplier, call.sku)
-    if offer is None:
+    # Every remaining kind needs the good answer; an unknown SKU stays a 404 whatever the
+    # fault (a batch call always has one: an unknown part is an entry of its answer).
+    quote = call.quote()
+    if quote is None:
         return call.unknown_sku()
-    if kind in DATA_KINDS:
-        return answers.bad_data(call, fault, offer)
+    if kind in DATA_KINDS or isinstance(kind, BatchKind):
+        return answers.bad_data(fault, quote)
     match kind:
         case Kind.BAD_GZIP:
-            return answers.bad_gzip(call, offer)
+            return answers.bad_gzip(quote)
         case Kind.GZIP_BOMB:
-            return await answers.gzip_bomb(call, fault, offer)
+            return await answers.gzip_bomb(fault, quote)
         case Kind.OVERSIZED:
-            return await answers.oversized(call, fault, offer)
+            return await answers.oversized(call, fault, quote)
         case Kind.TRUNCATED:
-            return await answers.truncated(call, offer)
+            return await answers.truncated(call, quote)
         case Kind.RESET:
-            return await answers.reset_mid_body(call, offer)
+            return await answers.reset_mid_body(call, quote)
         case Kind.SLOW_BODY:
-            return await answers.slow_body(call, fault, offer)
+            return await answers.slow_body(call, fault, quote)
     # latency and a blip that did not fire: the answer the scenario would give.
     if call.scenario != "normal" and call.supplier in call.state.scenario_suppliers:
         scenario = await _scenario(call)
         if scenario is not None:
             return scenario[1]
-    return call.ok(offer)
+    return quote.ok()

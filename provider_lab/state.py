@@ -16,6 +16,9 @@ from provider_lab.stats import RecentIds, Stats
 from provider_lab.tokens import TOKEN_LIMIT, TokenKeeper
 
 SCENARIOS: Final = ("normal", "slow", "broken", "malformed", "flaky")
+BATCH_MAX_ITEMS: Final = 50
+"""The parts a batch-dialect call may carry unless told otherwise (``--batch-max-items``)."""
+MAX_BATCH_MAX_ITEMS: Final = 10_000
 
 
 @attrs.frozen
@@ -43,6 +46,8 @@ class LabConfig:
     """The key the ``path`` dialect wants in ``?key=``; ``None``: every key is refused."""
     contracts: Sequence[tuple[str, Contract | None]] = ()
     """Suppliers' contracts at start (a later one for the same supplier replaces it)."""
+    batch_max_items: int = BATCH_MAX_ITEMS
+    """The most parts one batch-dialect call may ask for (1–10 000); more is a ``413``."""
 
 
 class LabState:

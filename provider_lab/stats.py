@@ -44,6 +44,9 @@ class RecentIds:
 class _RequestRecord:
     per_supplier: Counter[str] = attrs.field(factory=Counter)
     headers: list[dict[str, str | None]] = attrs.field(factory=list)
+    batch_sizes: dict[str, list[int]] = attrs.field(factory=dict)
+    """Per supplier, the parts of each batch call, in arrival order (at most 32 in all)."""
+    batch_calls: int = 0
 
 
 class Stats:
@@ -62,6 +65,8 @@ class Stats:
         self.deadline_expired = 0
         self.per_supplier: Counter[str] = Counter({s: 0 for s in self._suppliers})
         self.answers: dict[str, Counter[str]] = {s: Counter() for s in self._suppliers}
+        self.batch_sizes: dict[str, Counter[int]] = {}
+        """Per supplier that had batch calls, how many of them carried each number of parts."""
         self._requests: OrderedDict[str, _RequestRecord] = OrderedDict()
 
     def started(
@@ -71,12 +76,16 @@ class Stats:
         attempt: str | None,
         remaining: str | None,
         traceparent: str | None = None,
+        parts: int | None = None,
     ) -> None:
-        """Count one supplier request now in flight, with the headers it carried."""
+        """Count one supplier request now in flight, with the headers it carried (and, for a
+        batch call, how many ``parts`` it asked for)."""
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         self.total += 1
         self.per_supplier[supplier] += 1
+        if parts is not None:
+            self.batch_sizes.setdefault(supplier, Counter())[parts] += 1
         if request_id is None:
             return
         record = self._requests.get(request_id)
@@ -97,6 +106,9 @@ class Stats:
                     "traceparent": traceparent,
                 }
             )
+        if parts is not None and record.batch_calls < HEADERS_PER_ID:
+            record.batch_calls += 1
+            record.batch_sizes.setdefault(supplier, []).append(parts)
 
     def answered(self, supplier: str, what: str) -> None:
         """Record how one supplier request was answered (``ok``, a fault kind, ...)."""
@@ -107,12 +119,29 @@ class Stats:
         self.active -= 1
 
     def to_json(self, request_ids: Collection[str] | None = None) -> dict[str, object]:
-        """The body of ``GET /stats``; per-id maps limited to ``request_ids`` if given."""
+        """The body of ``GET /stats``; per-id maps limited to ``request_ids`` if given.
+
+        ``batch_sizes`` and ``batch_sizes_per_id`` are there only once a batch call has
+        been counted since the last reset: without one, the body is what it always was.
+        """
         requests: Mapping[str, _RequestRecord]
         if request_ids is None:
             requests = self._requests
         else:
             requests = {r: self._requests[r] for r in request_ids if r in self._requests}
+        batches: dict[str, object] = {}
+        if self.batch_sizes:
+            batches = {
+                "batch_sizes": {
+                    supplier: {str(size): n for size, n in sorted(sizes.items())}
+                    for supplier, sizes in self.batch_sizes.items()
+                },
+                "batch_sizes_per_id": {
+                    rid: {s: list(sizes) for s, sizes in r.batch_sizes.items()}
+                    for rid, r in requests.items()
+                    if r.batch_sizes
+                },
+            }
         return {
             "active": self.active,
             "max_active": self.max_active,
@@ -123,4 +152,5 @@ class Stats:
             "attempts": {rid: r.per_supplier.total() for rid, r in requests.items()},
             "attempts_per_supplier": {rid: dict(r.per_supplier) for rid, r in requests.items()},
             "headers": {rid: list(r.headers) for rid, r in requests.items()},
+            **batches,
         }
