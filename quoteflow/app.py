@@ -44,7 +44,7 @@ from quoteflow.pauses import Pauses
 from quoteflow.reload import register
 from quoteflow.retry import RetryLimiter
 from quoteflow.roster import SupplierRoster
-from quoteflow.service import QuoteService, SupplierGateway
+from quoteflow.service import CartSettings, QuoteService, SupplierGateway
 from quoteflow.slots import OutboundLimiter, OutboundSlots
 from quoteflow.supplier import SupplierClient, session_timeout
 from quoteflow.tracing import TracingConfig, tracing_from_environ
@@ -120,6 +120,7 @@ def create_app(
         register(app, roster)
     app[handlers.BODY_TIMEOUT] = settings.body_timeout
     app[handlers.METRICS_NEED_KEY] = settings.metrics_require_key
+    app[handlers.MAX_CART_LINES] = settings.max_cart_lines
     app.on_startup.append(_log_api_keys)
     if host_metrics:
         # No auto_describe: registering the multiprocess collector would read
@@ -486,6 +487,11 @@ def _supplier_session(
                 answer_reserve=settings.answer_reserve,
                 stale_quotes=cache,
                 circuit_open=None if tracer is None else tracer.circuit_open,
+                carts=CartSettings(
+                    budget=settings.cart_budget,
+                    limit=settings.cart_limit,
+                    batches=client,
+                ),
             )
             app[SUPPLIER_CLIENT] = client
             app[handlers.SERVICE] = service

@@ -57,7 +57,7 @@ from __future__ import annotations
 import enum
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 import attrs
@@ -121,6 +121,15 @@ def verdict(outcome: SupplierQuote | Failure | None, attempts: list[AttemptRecor
         # Not the supplier's failure: judge what it did before, if anything.
         return _judge_code(attempts[-2].outcome) if len(attempts) > 1 else Verdict.UNKNOWN
     return _judge_code(TIMEOUT if outcome is None else outcome.code)
+
+
+_WORST_FIRST: Final = (Verdict.FAILURE, Verdict.ANSWERED, Verdict.SUCCESS)
+
+
+def worst(verdicts: Iterable[Verdict]) -> Verdict:
+    """The worst of several calls' verdicts: a cart's calls to one supplier count as one."""
+    seen = set(verdicts)
+    return next((judged for judged in _WORST_FIRST if judged in seen), Verdict.UNKNOWN)
 
 
 def _judge_code(code: str) -> Verdict:

@@ -57,6 +57,7 @@ from typing import Any, NoReturn, Protocol, TypeVar
 import attrs
 from yarl import URL
 
+from quoteflow.batching import BatchError, BatchSpec, read_batch
 from quoteflow.callers import Rate, parse_rate
 from quoteflow.config import Settings
 from quoteflow.errors import ConfigError
@@ -114,6 +115,7 @@ _OPTIONAL = (
     "body",
     "oauth2",
     "rate",
+    "batch",
 )
 _KEYS = ("name", "url", *_OPTIONAL)
 _SHAPING = ("method", "query", "body")
@@ -195,6 +197,8 @@ class Supplier:
     """``url`` with each ``${VAR}`` as ``***``, if it has one."""
     rate: Rate | None = None
     """At most this many attempts per window, retries included (``None``: no rate)."""
+    batch: BatchSpec | None = attrs.field(default=None, repr=False)
+    """How it takes many lines per call (``batching.py``); ``None``: one SKU per call."""
 
     def public(self) -> dict[str, object]:
         """What a log line or the ``starting`` event may show: header names, never values."""
@@ -219,6 +223,8 @@ class Supplier:
             fields["oauth2"] = self.oauth2.public()
         if self.rate is not None:
             fields["rate"] = str(self.rate)
+        if self.batch is not None:
+            fields["batch"] = {"max_items": self.batch.max_items, "rate_unit": self.batch.rate_unit}
         return fields
 
 
@@ -353,6 +359,18 @@ class _Reader:
         oauth2 = self.oauth2(table["oauth2"], environ) if "oauth2" in table else None
         headers = self.headers(table.get("headers", {}), environ, oauth2 is not None)
         shape = self.shape(url, headers, environ)
+        rate = self.rate(table["rate"]) if "rate" in table else None
+        batch = None
+        if "batch" in table:
+            try:
+                batch = read_batch(table["batch"], shape, None if rate is None else rate.quota)
+            except BatchError as exc:
+                self.fail(str(exc), exc.field)
+            if adapter is not None and not _takes_two(adapter):
+                self.fail(
+                    "a batch supplier's adapter takes what was asked too: (payload, asked)",
+                    "adapter",
+                )
         return Supplier(
             name=name,
             url=url,
@@ -370,7 +388,8 @@ class _Reader:
             shape=shape,
             oauth2=oauth2,
             shown_url=None if shape is None else shape.shown_origin + shape.path.render(_BRACED)[1],
-            rate=self.rate(table["rate"]) if "rate" in table else None,
+            rate=rate,
+            batch=batch,
         )
 
     def shape(

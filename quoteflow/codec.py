@@ -25,15 +25,23 @@ from quoteflow.errors import (
     InvalidSupplierData,
 )
 from quoteflow.models import (
+    MAX_LINE_QUANTITY,
     MAX_QUANTITY,
     MAX_SKU_LENGTH,
     MAX_SUPPLIED_NUMBER,
+    NOT_FOUND,
+    OK,
+    CartLine,
+    CartReport,
+    CartRequest,
+    CartResult,
     Failure,
     QuoteReport,
     QuoteRequest,
     QuoteResult,
     RankedQuote,
     SupplierQuote,
+    SupplierTrace,
 )
 
 # -- JSON text -----------------------------------------------------------------
@@ -207,6 +215,94 @@ def decode_request(body: bytes) -> QuoteRequest:
         raise InvalidRequest(_field_errors(exc)) from exc
 
 
+_CART_KEYS = frozenset({"lines", "scenario"})
+_LINE_KEYS = ("sku", "quantity")
+
+
+def decode_cart(body: bytes, max_lines: int) -> CartRequest:
+    """Parse an inbound cart: ``{"lines": [{"sku", "quantity"}, ...], "scenario"?}``.
+
+    Every problem is reported at once, each at its place (``["lines", 3,
+    "quantity"]``), so a caller fixing a 200-line bill of materials needs one
+    round trip. A SKU asked twice is an error on the later line naming the
+    earlier one: merging them silently would hide a mistake in the bill.
+    Raises ``BadRequestBody`` when it is not JSON, ``InvalidRequest`` otherwise.
+    """
+    try:
+        obj = _loads(body)
+    except _UnusableJSON as exc:
+        raise InvalidRequest([FieldError((), str(exc))]) from exc
+    except ValueError as exc:
+        raise BadRequestBody(str(exc)) from exc
+    if type(obj) is not dict:
+        raise InvalidRequest([FieldError((), f"must be a JSON object, not {_json_type(obj)}")])
+    errors = [FieldError((key,), "unknown field") for key in sorted(set(obj) - _CART_KEYS)]
+    scenario = "normal"
+    if "scenario" in obj:
+        try:
+            scenario = _scenario(obj["scenario"], str)
+        except (TypeError, ValueError) as exc:
+            errors.append(FieldError(("scenario",), str(exc)))
+    lines: list[CartLine] = []
+    raw_lines = obj.get("lines")
+    if "lines" not in obj:
+        errors.append(FieldError(("lines",), "required field missing"))
+    elif type(raw_lines) is not list:
+        errors.append(FieldError(("lines",), str(_wrong_type(raw_lines, "an array"))))
+    elif not 1 <= len(raw_lines) <= max_lines:
+        errors.append(
+            FieldError(("lines",), f"must have 1 to {max_lines} lines, got {len(raw_lines)}")
+        )
+    else:
+        first_of: dict[str, int] = {}
+        for index, raw in enumerate(raw_lines):
+            line = _cart_line(raw, index, errors)
+            if line is None:
+                continue
+            earlier = first_of.setdefault(line.sku, index)
+            if earlier != index:
+                errors.append(
+                    FieldError(("lines", index, "sku"), f"repeats line {earlier}: ask a SKU once")
+                )
+                continue
+            lines.append(line)
+    if errors:
+        raise InvalidRequest(errors)
+    return CartRequest(lines=tuple(lines), scenario=scenario)
+
+
+def _cart_line(raw: Any, index: int, errors: list[FieldError]) -> CartLine | None:
+    """One line, or None with its every problem added to ``errors``."""
+    if type(raw) is not dict:
+        errors.append(FieldError(("lines", index), str(_wrong_type(raw, "an object"))))
+        return None
+    found = len(errors)
+    errors.extend(
+        FieldError(("lines", index, key), "unknown field")
+        for key in sorted(set(raw) - set(_LINE_KEYS))
+    )
+    values: dict[str, Any] = {}
+    for key, check in (("sku", _sku), ("quantity", _line_quantity)):
+        if key not in raw:
+            errors.append(FieldError(("lines", index, key), "required field missing"))
+            continue
+        try:
+            values[key] = check(raw[key], str)
+        except (TypeError, ValueError) as exc:
+            errors.append(FieldError(("lines", index, key), str(exc)))
+    if len(errors) > found:
+        return None
+    return CartLine(values["sku"], values["quantity"])
+
+
+def _line_quantity(value: Any, _: type) -> int:
+    if type(value) is not int:
+        raise _wrong_type(value, "an integer")
+    if not 1 <= value <= MAX_LINE_QUANTITY:
+        raise ValueError(f"must be from 1 to {MAX_LINE_QUANTITY}, got {value}")
+    return value
+
+
 def _field_errors(exc: ClassValidationError) -> list[FieldError]:
     """Every field error of ``exc``, with the hook's own message (not cattrs' generic one)."""
     errors: list[FieldError] = []
@@ -271,6 +367,35 @@ def supplier_quote_from(obj: Any, *, supplier: str, sku: str) -> SupplierQuote:
     return quote
 
 
+INSUFFICIENT_STOCK = "insufficient_stock"
+"""A cart bill's word for a supplier that quoted a line with too little in stock."""
+
+_BATCH_KEYS = frozenset({"quotes", "not_found"})
+
+
+def decode_batch_answer(body: bytes) -> dict[str, object]:
+    """A batch supplier's 200 in QuoteFlow's protocol, as SKU → entry or ``"not_found"``.
+
+    ``{"quotes": [<a quote's five fields>, ...], "not_found": ["SKU", ...]}``.
+    Each entry is checked later, against its own line (``supplier_quote_from``);
+    an SKU named twice maps to None, which no line can use. Raises
+    ``InvalidSupplierData`` when the body as a whole is not the protocol.
+    """
+    obj = decode_supplier_json(body)
+    if type(obj) is not dict or set(obj) - _BATCH_KEYS:
+        raise InvalidSupplierData("not a batch answer: an object of quotes and not_found")
+    quotes, missing = obj.get("quotes", []), obj.get("not_found", [])
+    if type(quotes) is not list or type(missing) is not list:
+        raise InvalidSupplierData("quotes and not_found must be arrays")
+    entries: dict[str, object] = {}
+    named: list[tuple[object, object]] = [(e.get("sku"), e) for e in quotes if type(e) is dict]
+    named += [(sku, NOT_FOUND) for sku in missing]
+    for sku, entry in named:
+        if type(sku) is str:
+            entries[sku] = None if sku in entries else entry
+    return entries
+
+
 # -- outbound JSON -------------------------------------------------------------
 
 
@@ -315,6 +440,42 @@ def encode_result(result: QuoteResult) -> dict[str, Any]:
     }
 
 
+def encode_cart(result: CartResult) -> dict[str, Any]:
+    """A cart's answer: its lines as single quotes answer them (less their own ids), the basket."""
+    lines = []
+    for line in result.lines:
+        encoded = encode_result(line)
+        del encoded["elapsed_ms"], encoded["request_id"]  # the cart's, given once
+        lines.append(encoded)
+    basket = result.basket
+    return {
+        "lines": lines,
+        "basket": {
+            "picks": [
+                {
+                    "sku": pick.sku,
+                    "quantity": pick.quantity,
+                    "supplier": pick.supplier,
+                    "unit_cents": pick.unit_cents,
+                    "line_cents": pick.line_cents,
+                }
+                for pick in basket.picks
+            ],
+            "shipping": [
+                {"supplier": item.supplier, "shipping_cents": item.shipping_cents}
+                for item in basket.shipping
+            ],
+            "total_cents": basket.total_cents,
+            "per_line_total_cents": basket.per_line_total_cents,
+            "complete": basket.complete,
+            "unquoted": list(basket.unquoted),
+            "optimal": basket.optimal,
+        },
+        "elapsed_ms": round(result.elapsed_ms, 3),
+        "request_id": result.request_id,
+    }
+
+
 def encode_errors(errors: tuple[FieldError, ...]) -> list[dict[str, Any]]:
     """Field errors as the contract's ``detail`` list."""
     return [{"loc": list(error.loc), "msg": error.msg} for error in errors]
@@ -326,43 +487,75 @@ def _ms(seconds: float) -> float:
 
 def encode_explain(report: QuoteReport) -> dict[str, Any]:
     """The budget bill: every attempt of every supplier, in milliseconds from admission."""
-    deadline = report.deadline
     suppliers: dict[str, Any] = {}
     for trace in report.traces:
-        attempts: list[dict[str, Any]] = []
-        for record in trace.attempts:
-            attempts.append(
-                {
-                    "attempt": record.attempt,
-                    "start_ms": _ms(record.started - report.admitted_at),
-                    "slot_wait_ms": _ms(record.slot_wait),
-                    "duration_ms": _ms(record.duration),
-                    "outcome": record.outcome,
-                    "status": record.status,
-                    "backoff_ms": None if record.backoff is None else _ms(record.backoff),
-                    "remaining_ms": _ms(deadline - record.ended),
-                }
-            )
-            if record.cut_short:
-                attempts[-1]["cut_short"] = True  # not counted by the breaker
-        bill: dict[str, Any] = {"attempts": attempts, "stopped": trace.stopped}
-        suppliers[trace.supplier] = bill
-        if trace.gave_up_after is not None:
-            bill["gave_up_after_ms"] = _ms(trace.gave_up_after)
-        if trace.rate_wait is not None:
-            bill["rate_wait_ms"] = _ms(trace.rate_wait)
-        if trace.token_wait is not None:
-            bill["token_wait_ms"] = _ms(trace.token_wait)
-        if trace.probe:
-            bill["probe"] = True
-        # Present only when coalescing or the cache had a hand in the outcome.
-        if trace.joined is not None:
-            bill["joined"] = trace.joined
-        if trace.handed_over is not None:
-            bill["handed_over"] = trace.handed_over
-        if trace.stale_if_error is not None:
-            bill["stale_if_error"] = trace.stale_if_error
+        suppliers[trace.supplier] = _bill(trace, report.admitted_at, report.deadline)
     explained: dict[str, Any] = {"budget_ms": _ms(report.budget), "suppliers": suppliers}
+    if report.caller is not None:
+        explained["caller"] = report.caller
+    return explained
+
+
+def _bill(trace: SupplierTrace, admitted_at: float, deadline: float) -> dict[str, Any]:
+    """One supplier call's part of the bill."""
+    attempts: list[dict[str, Any]] = []
+    for record in trace.attempts:
+        attempts.append(
+            {
+                "attempt": record.attempt,
+                "start_ms": _ms(record.started - admitted_at),
+                "slot_wait_ms": _ms(record.slot_wait),
+                "duration_ms": _ms(record.duration),
+                "outcome": record.outcome,
+                "status": record.status,
+                "backoff_ms": None if record.backoff is None else _ms(record.backoff),
+                "remaining_ms": _ms(deadline - record.ended),
+            }
+        )
+        if record.cut_short:
+            attempts[-1]["cut_short"] = True  # not counted by the breaker
+    bill: dict[str, Any] = {"attempts": attempts, "stopped": trace.stopped}
+    if trace.gave_up_after is not None:
+        bill["gave_up_after_ms"] = _ms(trace.gave_up_after)
+    if trace.rate_wait is not None:
+        bill["rate_wait_ms"] = _ms(trace.rate_wait)
+    if trace.token_wait is not None:
+        bill["token_wait_ms"] = _ms(trace.token_wait)
+    if trace.probe:
+        bill["probe"] = True
+    # Present only when coalescing or the cache had a hand in the outcome.
+    if trace.joined is not None:
+        bill["joined"] = trace.joined
+    if trace.handed_over is not None:
+        bill["handed_over"] = trace.handed_over
+    if trace.stale_if_error is not None:
+        bill["stale_if_error"] = trace.stale_if_error
+    return bill
+
+
+def encode_cart_explain(report: CartReport) -> dict[str, Any]:
+    """A cart's bill: every supplier call with its lines, and each line's outcome per supplier."""
+    suppliers: dict[str, list[dict[str, Any]]] = {}
+    for trace in report.traces:
+        bill = _bill(trace, report.admitted_at, report.deadline)
+        bill["lines"] = list(trace.lines)
+        suppliers.setdefault(trace.supplier, []).append(bill)
+    lines: dict[str, dict[str, str]] = {}
+    for line in report.result.lines:
+        failed = {failure.supplier: failure.code for failure in line.failures}
+        quoted = {quote.supplier for quote in line.quotes}
+        # A supplier in neither answered, with too little in stock: valid, not a failure.
+        lines[line.sku] = {
+            name: OK if name in quoted else failed.get(name, INSUFFICIENT_STOCK)
+            for name in report.suppliers
+        }
+    explained: dict[str, Any] = {
+        "budget_ms": _ms(report.budget),
+        "deadline_ms": _ms(report.deadline - report.admitted_at),
+        "solve_ms": round(report.solve_ms, 3),
+        "suppliers": {name: {"calls": calls} for name, calls in suppliers.items()},
+        "lines": lines,
+    }
     if report.caller is not None:
         explained["caller"] = report.caller
     return explained

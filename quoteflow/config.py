@@ -53,6 +53,13 @@ class Settings:
     """Seconds of the budget kept for ranking, encoding and sending the answer."""
     inbound_limit: int = attrs.field(default=8, validator=v.ge(1))
     """Inbound requests served at once; the next one gets 503 at once."""
+    cart_budget: float = attrs.field(default=2.0, validator=_positive)
+    """Seconds from a cart's admission to its answer: slot waits, calls, retries, the basket."""
+    cart_limit: int = attrs.field(default=2, validator=v.ge(1))
+    """Carts served at once; the next one gets 503 at once. A cart never takes a single
+    quote's inbound seat."""
+    max_cart_lines: int = attrs.field(default=200, validator=[v.ge(1), v.le(10_000)])
+    """Most lines one cart may have; its body may be 1 KiB + 256 B per line."""
     outbound_limit: int = attrs.field(default=6, validator=v.ge(1))
     """Supplier HTTP attempts in flight at once, shared by every request."""
     supplier_share: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))

@@ -18,7 +18,16 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from quoteflow.apidoc import openapi_document
 from quoteflow.callers import QUOTA_EXCEEDED, SEATS_EXCEEDED, Caller, Gate, Pass
-from quoteflow.codec import decode_request, encode_errors, encode_explain, encode_result, to_json
+from quoteflow.codec import (
+    decode_cart,
+    decode_request,
+    encode_cart,
+    encode_cart_explain,
+    encode_errors,
+    encode_explain,
+    encode_result,
+    to_json,
+)
 from quoteflow.errors import (
     BadRequestBody,
     CapacityExhausted,
@@ -59,6 +68,8 @@ CALLER = web.RequestKey("caller", Caller)
 PASS = web.RequestKey("pass", Pass)
 """The quote request's way through its caller's seats and rate (``quotes_for_caller``)."""
 METRICS_NEED_KEY = web.AppKey("metrics_need_key", bool)
+MAX_CART_LINES = web.AppKey("max_cart_lines", int)
+"""Most lines a cart may have; its body may be ``cart_body_cap`` bytes."""
 
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
@@ -142,6 +153,41 @@ async def quotes_for_caller(request: web.Request) -> web.Response:
     return _answer(request, report)
 
 
+def cart_body_cap(max_lines: int) -> int:
+    """Bytes a cart's body may have: room for the largest allowed cart, and no more."""
+    return 1024 + 256 * max_lines
+
+
+async def carts(request: web.Request) -> web.Response:
+    """A whole bill of materials: every line's quotes, and the cheapest basket.
+
+    Carts have seats of their own (``--cart-limit``) and never take a single
+    quote's; ``?explain=1`` adds the cart's bill. With callers configured, a
+    cart takes one of its caller's seats and one unit of its rate per line.
+    """
+    service = request.app[SERVICE]
+    service.ensure_cart_capacity()
+    max_lines = request.app[MAX_CART_LINES]
+    cart = decode_cart(await _read_body(request, cart_body_cap(max_lines)), max_lines)
+    gate_pass = None
+    if GATE in request.app:
+        gate_pass = request[PASS] = Pass(request.app[GATE], request[CALLER])
+        await gate_pass.enter(service.ensure_cart_capacity, units=len(cart.lines))
+    try:
+        with service.cart_admitted() as admitted_at:
+            since = admitted_at - (0.0 if gate_pass is None else gate_pass.waited)
+            name = None if gate_pass is None else gate_pass.caller.name
+            report = await service.cart(cart, request[REQUEST_ID], since, caller=name)
+    finally:
+        if gate_pass is not None:
+            gate_pass.leave()
+    request.app[TELEMETRY].cart_served(report)
+    body = encode_cart(report.result)
+    if request.query.get("explain") in ("1", "true"):
+        body["explain"] = encode_cart_explain(report)
+    return _json(body)
+
+
 def _answer(request: web.Request, report: QuoteReport) -> web.Response:
     request.app[TELEMETRY].served(report)
     body = encode_result(report.result)
@@ -154,12 +200,14 @@ def _answer(request: web.Request, report: QuoteReport) -> web.Response:
     return _json(body)
 
 
-async def _read_body(request: web.Request) -> bytes:
-    """The whole inbound body, within its time limit and size cap."""
+async def _read_body(request: web.Request, cap: int | None = None) -> bytes:
+    """The whole inbound body, within its time limit and size cap (the app's, unless ``cap``)."""
     # Small bodies usually arrive with the headers: nothing to wait for, no timer.
     limit = None if request.content.is_eof() else request.app[BODY_TIMEOUT]
     try:
         async with asyncio.timeout(limit):
+            if cap is not None:
+                return await request.clone(client_max_size=cap).read()
             return await request.read()
     except TimeoutError:
         raise SlowRequestBody from None
@@ -330,4 +378,5 @@ def _json(body: dict[str, Any], status: int = 200) -> web.Response:
 def add_routes(app: web.Application, *, callers: bool = False) -> None:
     """Register QuoteFlow's routes on ``app``; ``callers``: quote requests pass a caller's gate."""
     app.router.add_post("/api/quotes", quotes_for_caller if callers else quotes)
+    app.router.add_post("/api/carts", carts)
     app.add_routes(_routes)

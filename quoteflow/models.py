@@ -21,6 +21,10 @@ CIRCUIT_OPEN = "circuit_open"
 RATE_LIMITED = "rate_limited"
 """The supplier was not asked: it answered a 429 with ``Retry-After`` lately, and that
 time is not over (``pauses.py``). Never retried, never counted by its breaker."""
+NOT_FOUND = "not_found"
+"""A batch supplier answered the call, and said it has no such SKU (a cart's line, or a
+single quote asked of a batch supplier). Never retried, never counted by its breaker;
+a classic supplier's 404 stays ``http_404``."""
 AUTH_FAILED = "auth_failed"
 """No OAuth2 token for the supplier in time: its token endpoint is down, slow or refuses
 QuoteFlow's credentials (``tokens.py``). Not the supplier's failure, never retried."""
@@ -46,11 +50,17 @@ def _refuse_int(attribute: attrs.Attribute[int], value: object, low: int, high: 
 MAX_SKU_LENGTH = 64
 MAX_QUANTITY = 100
 """The bounds of a request; ``codec`` checks the same ones to name each field's error."""
+MAX_LINE_QUANTITY = 100_000
+"""The largest quantity of a cart's line (a bill of materials asks for thousands). A
+line is asked of suppliers as a ``QuoteRequest``, so that is the model's bound; the
+single quote's own, ``MAX_QUANTITY``, is checked where its body is decoded."""
 
 MAX_SUPPLIED_NUMBER = 2**53 - 1
 """The largest price or stock a supplier may send: RFC 8259's interoperable
 integer range, so every caller's JSON reader keeps our figures exact. It also
-keeps ``total_cents`` (at most 100 units) well inside 64 bits."""
+keeps a single quote's ``total_cents`` (at most 100 units) well inside 64 bits;
+a cart's line, up to 100,000 units, is priced only while its total stays in
+that range (``service.py``)."""
 
 
 def _count(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -59,8 +69,8 @@ def _count(instance: object, attribute: attrs.Attribute[int], value: int) -> Non
 
 
 def _quantity(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if type(value) is not int or not 1 <= value <= MAX_QUANTITY:
-        _refuse_int(attribute, value, 1, MAX_QUANTITY)
+    if type(value) is not int or not 1 <= value <= MAX_LINE_QUANTITY:
+        _refuse_int(attribute, value, 1, MAX_LINE_QUANTITY)
 
 
 def _sku(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
@@ -240,6 +250,9 @@ class SupplierTrace:
     """The request this one handed its shared call to when it left (``--coalesce``)."""
     stale_if_error: str | None = None
     """The failure a stale quote from the cache stood in for (``--cache-size``)."""
+    lines: tuple[str, ...] = ()
+    """A cart's call: the SKUs of the lines it asks for (one, unless the supplier takes a
+    batch). Its waits for a slot come after single quotes' (``slots.py``)."""
 
 
 @attrs.define
@@ -270,3 +283,89 @@ class QuoteReport:
     traces: tuple[SupplierTrace, ...]
     caller: str | None = None
     """The caller's name when callers are configured (``-`` for an API key without one)."""
+
+
+# -- carts: many lines in one request ---------------------------------------------
+
+
+@attrs.frozen
+class CartLine:
+    """One line of a cart: a SKU and how many are wanted."""
+
+    sku: str = attrs.field(validator=_sku)
+    quantity: int = attrs.field(validator=_quantity)
+
+
+@attrs.frozen(kw_only=True)
+class CartRequest:
+    """A bill of materials: its lines (each SKU once) and the lab scenario to forward."""
+
+    lines: tuple[CartLine, ...]
+    scenario: str = attrs.field(default="normal", validator=v.in_(SCENARIOS))
+
+    def line_request(self, line: CartLine) -> QuoteRequest:
+        """``line`` as a supplier is asked it: a single quote's request."""
+        return QuoteRequest(sku=line.sku, quantity=line.quantity, scenario=self.scenario)
+
+
+@attrs.frozen(kw_only=True)
+class Pick:
+    """A line of the basket: which supplier it is bought from, at what price."""
+
+    sku: str
+    quantity: int
+    supplier: str
+    unit_cents: int
+    line_cents: int
+
+
+@attrs.frozen
+class Shipping:
+    """What one supplier of the basket charges for shipping: once per order."""
+
+    supplier: str
+    shipping_cents: int
+
+
+@attrs.frozen(kw_only=True)
+class Basket:
+    """The cheapest way to buy every quoted line, shipping paid once per supplier."""
+
+    picks: tuple[Pick, ...]
+    shipping: tuple[Shipping, ...]
+    total_cents: int
+    per_line_total_cents: int
+    """What buying each line at its own best quote (its own shipping each) would cost."""
+    complete: bool
+    unquoted: tuple[str, ...]
+    """SKUs of the lines no supplier quoted, in request order."""
+    optimal: bool
+    """The basket is proven the cheapest; False only when proving would pass the deadline."""
+
+
+@attrs.frozen(kw_only=True)
+class CartResult:
+    """The answer to a cart: each line as a single quote would answer it, and the basket."""
+
+    lines: tuple[QuoteResult, ...]
+    """In request order; each line's ``elapsed_ms`` and ``request_id`` are the cart's."""
+    basket: Basket
+    elapsed_ms: float
+    request_id: str
+
+
+@attrs.frozen(kw_only=True)
+class CartReport:
+    """A cart's result together with its budget bill: every supplier call it made."""
+
+    result: CartResult
+    budget: float
+    admitted_at: float
+    deadline: float
+    """When the supplier calls had to end: admission + budget - the solve's reserve."""
+    traces: tuple[SupplierTrace, ...]
+    """One per supplier call, in catalogue order, each naming its ``lines``."""
+    suppliers: tuple[str, ...]
+    """Who was asked, in catalogue order."""
+    solve_ms: float = 0.0
+    caller: str | None = None

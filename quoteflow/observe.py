@@ -38,6 +38,7 @@ from quoteflow.models import (
     STOPPED_RETRY_BUDGET,
     STOPPED_SUCCESS,
     AttemptRecord,
+    CartReport,
     QuoteReport,
     SupplierTrace,
 )
@@ -65,6 +66,7 @@ DURATION_BUCKETS = (
 )
 """Fine around the 0.8 s budget, so "answered at the deadline" is its own bucket."""
 
+CART_SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 SLOT_WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.8)
 
 RETRY_REFUSALS = (STOPPED_NO_TIME, STOPPED_RETRY_AFTER, STOPPED_RETRY_BUDGET)
@@ -286,9 +288,25 @@ class Telemetry:
             ("supplier",),
             host_mode="livemax",  # each worker has its own breaker: the host shows the worst
         )
+        self._carts = PlainCounter("quoteflow_carts", "Carts answered with a result.")
+        self._cart_lines = PlainHistogram(
+            "quoteflow_cart_lines", "Lines of each cart answered.", CART_SIZE_BUCKETS
+        )
+        self._cart_calls = PlainHistogram(
+            "quoteflow_cart_calls", "Supplier calls each cart made.", CART_SIZE_BUCKETS
+        )
+        self._batch_sizes = PlainHistogram(
+            "quoteflow_batch_call_lines",
+            "Lines asked by each call of a cart to a batch supplier.",
+            CART_SIZE_BUCKETS,
+        )
         self._sharing = False
         """Coalescing or the quote cache is on: the request event says what each shared."""
         self.metrics: tuple[PlainMetric, ...] = (
+            self._carts,
+            self._cart_lines,
+            self._cart_calls,
+            self._batch_sizes,
             self._requests,
             self._duration,
             self._slot_wait,
@@ -547,6 +565,45 @@ class Telemetry:
             if gave_up:
                 fields["gave_up"] = gave_up  # no slot in time: no attempt line says so
             log_event(log, logging.INFO, "quote_request", fields)
+
+    def cart_served(self, report: CartReport) -> None:
+        """A cart was answered: count its lines and calls, log one event for it.
+
+        Its attempts count in the same per-supplier metrics as a single
+        quote's; the event says per supplier how many calls ended how.
+        """
+        result = report.result
+        calls: dict[str, dict[str, int]] = {}
+        for trace in report.traces:
+            for record in trace.attempts:
+                self._attempts.inc(trace.supplier, str(record.attempt), record.outcome)
+                self._slot_wait.observe(record.slot_wait)
+            if len(trace.lines) > 1:  # a batch call (one of a single line is not told apart)
+                self._batch_sizes.observe(len(trace.lines))
+            stopped = calls.setdefault(trace.supplier, {})
+            key = trace.stopped or "none"
+            stopped[key] = stopped.get(key, 0) + 1
+        self._carts.inc()
+        self._cart_lines.observe(len(result.lines))
+        self._cart_calls.observe(len(report.traces))
+        if log.isEnabledFor(logging.INFO):
+            basket = result.basket
+            fields: dict[str, object] = {
+                "request_id": result.request_id,
+                "status": 200,
+                "result": OK,
+                "elapsed_ms": round(result.elapsed_ms, 3),
+                "lines": len(result.lines),
+                "calls": calls,
+                "complete": basket.complete,
+                "unquoted": len(basket.unquoted),
+                "total_cents": basket.total_cents,
+                "optimal": basket.optimal,
+                "solve_ms": round(report.solve_ms, 3),
+            }
+            if report.caller is not None:
+                fields["caller"] = report.caller
+            log_event(log, logging.INFO, "cart_request", fields)
 
     def caller_left(self, request_id: str) -> None:
         """The caller hung up; its fan-out was cancelled and its slots are back."""

@@ -45,6 +45,9 @@ _OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "provider_url": (str, "base URL of the suppliers"),
     "budget": (float, "seconds per request, whatever happens (default 0.8)"),
     "inbound_limit": (int, "requests served at once (default 8)"),
+    "cart_budget": (float, "seconds per cart (POST /api/carts), whatever happens (default 2)"),
+    "cart_limit": (int, "carts served at once, apart from single quotes (default 2)"),
+    "max_cart_lines": (int, "most lines one cart may have (default 200)"),
     "outbound_limit": (int, "supplier attempts in flight at once (default 6)"),
     "breaker_failures": (
         int,

@@ -27,20 +27,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterator
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Final, Protocol
 
 import attrs
 
-from quoteflow.breaker import Breakers, Permit, Verdict, verdict
+from quoteflow.basket import Line, solve
+from quoteflow.breaker import Breakers, Permit, Verdict, verdict, worst
 from quoteflow.errors import CapacityExhausted
 from quoteflow.models import (
     AUTH_FAILED,
     CIRCUIT_OPEN,
+    INVALID_DATA,
+    MAX_SUPPLIED_NUMBER,
     STOPPED_CIRCUIT_OPEN,
     STOPPED_DEADLINE,
     STOPPED_NO_TOKEN,
     TIMEOUT,
+    Basket,
+    CartLine,
+    Pick,
+    Shipping,
+    CartReport,
+    CartRequest,
+    CartResult,
     Failure,
     QuoteReport,
     QuoteRequest,
@@ -65,6 +75,38 @@ class SupplierGateway(Protocol):
 
         ``deadline`` is a ``time.monotonic()`` value; the caller enforces it.
         """
+        ...
+
+
+class BatchGateway(Protocol):
+    """How the service asks batch suppliers for many lines per call (``SupplierClient``)."""
+
+    def chunks(self, supplier: str, lines: tuple[CartLine, ...]) -> list[tuple[CartLine, ...]]:
+        """``lines`` as the calls ``supplier`` is asked in; empty: it takes no batch.
+
+        A supplier that takes no batch is asked each line as a single quote.
+        """
+        ...
+
+    async def batch(
+        self,
+        trace: SupplierTrace,
+        lines: tuple[CartLine, ...],
+        scenario: str,
+        request_id: str,
+        deadline: float,
+    ) -> dict[str, SupplierQuote | Failure]:
+        """Ask ``trace.supplier`` for ``lines`` in one call: an outcome for every line's SKU."""
+        ...
+
+
+class Solver(Protocol):
+    """The basket: the cheapest split of a cart's quoted lines (``basket.solve``)."""
+
+    def __call__(
+        self, lines: tuple[QuoteResult, ...], suppliers: tuple[str, ...], time_limit: float
+    ) -> Basket:
+        """The cheapest basket, proven optimal unless ``time_limit`` seconds run out first."""
         ...
 
 
@@ -107,6 +149,7 @@ class QuoteService:
         answer_reserve: float = 0.0,
         stale_quotes: StaleQuotes | None = None,
         circuit_open: Callable[[str], None] | None = None,
+        carts: CartSettings | None = None,
     ) -> None:
         self._gateway = gateway
         self.lineup = lineup
@@ -120,6 +163,10 @@ class QuoteService:
         self._answer_reserve = answer_reserve
         self.in_flight = 0
         """Requests admitted and not yet answered."""
+        self._carts = carts
+        """None: carts are not served (a service built for single quotes only)."""
+        self.carts_in_flight = 0
+        """Carts admitted and not yet answered: seats of their own, apart from ``in_flight``."""
 
     def use(self, lineup: Lineup) -> None:
         """Ask ``lineup``'s suppliers from the next request on; requests in flight keep theirs."""
@@ -236,6 +283,247 @@ class QuoteService:
             traces=traces,
             caller=caller,
         )
+
+    # -- carts ---------------------------------------------------------------
+
+    def ensure_cart_capacity(self) -> None:
+        """Refuse a cart at once, taking nothing, when every cart seat is taken."""
+        assert self._carts is not None
+        if self.carts_in_flight >= self._carts.limit:
+            raise CapacityExhausted
+
+    @contextlib.contextmanager
+    def cart_admitted(self) -> Iterator[float]:
+        """Take a cart seat for the ``with`` block, or refuse at once (``CapacityExhausted``)."""
+        assert self._carts is not None
+        if self.carts_in_flight >= self._carts.limit:
+            raise CapacityExhausted
+        self.carts_in_flight += 1
+        try:
+            yield time.monotonic()
+        finally:
+            self.carts_in_flight -= 1
+
+    async def cart(
+        self,
+        cart: CartRequest,
+        request_id: str,
+        admitted_at: float,
+        caller: str | None = None,
+    ) -> CartReport:
+        """Every line's quotes from every supplier, and the cheapest basket, within the cart budget.
+
+        The cart's bill, like a single quote's, under one deadline::
+
+            admitted ─┬─ atlas (batch): [chunk 1: slot, attempt] [chunk 2: slot, attempt]
+                      ├─ boreal:        [line 1] [line 2] ... each a single quote's call
+                      └─ cedar: ...                               solve ─┐ answer
+                      └──── calls end: admitted + cart budget - solve reserve ───┘
+
+        A batch supplier is asked in chunks of its ``max_items``, all at once;
+        any other supplier each line as a single quote is. Every call waits for
+        its slot behind single quotes' calls (``slots.py``). What has finished
+        by the deadline is kept line by line; a line still being asked is
+        ``timeout`` for that supplier. Each supplier's breaker is asked once
+        per cart and told once, the worst outcome of its calls: one cart
+        cannot open a circuit by itself.
+        """
+        carts = self._carts
+        assert carts is not None
+        budget = carts.budget
+        deadline = admitted_at + budget - self._answer_reserve - carts.solve_reserve
+        lineup = self.lineup
+        breakers = lineup.breakers
+        outcomes: dict[tuple[str, str], SupplierQuote | Failure] = {}
+        traces: list[SupplierTrace] = []
+        asked: list[_CartCall] = []
+        permits: dict[str, Permit] = {}
+        judged = False
+        loop = asyncio.get_running_loop()
+        timer: asyncio.TimerHandle | None = None
+        try:
+            try:
+                async with asyncio.TaskGroup() as group:
+                    for supplier in lineup.suppliers:
+                        permit = permits[supplier] = _permit(breakers, supplier)
+                        if permit is Permit.REFUSED:
+                            for line in cart.lines:
+                                outcomes[supplier, line.sku] = Failure(supplier, CIRCUIT_OPEN)
+                            if self._circuit_open is not None:
+                                self._circuit_open(supplier)
+                            continue
+                        chunks = carts.batches.chunks(supplier, cart.lines)
+                        for lines in chunks or [(line,) for line in cart.lines]:
+                            trace = SupplierTrace(supplier, lines=tuple(ln.sku for ln in lines))
+                            trace.probe = permit is Permit.PROBE
+                            traces.append(trace)
+                            if chunks:
+                                work = carts.batches.batch(
+                                    trace, lines, cart.scenario, request_id, deadline
+                                )
+                            else:
+                                work = self._line(trace, cart, lines[0], request_id, deadline)
+                            asked.append(_CartCall(trace, lines, group.create_task(work)))
+                    if asked:
+                        when = loop.time() + deadline - time.monotonic()
+                        timer = loop.call_at(when, _cut_off_cart, asked)
+            finally:
+                if timer is not None:
+                    timer.cancel()
+            verdicts: dict[str, list[Verdict]] = {}
+            for call in asked:
+                supplier = call.trace.supplier
+                if call.task.cancelled():
+                    code = AUTH_FAILED if call.trace.stopped == STOPPED_NO_TOKEN else TIMEOUT
+                    if code == TIMEOUT:
+                        call.trace.stopped = STOPPED_DEADLINE
+                    failure = Failure(supplier, code)
+                    for line in call.lines:
+                        outcomes[supplier, line.sku] = failure
+                    verdicts.setdefault(supplier, []).append(
+                        verdict(None if code == TIMEOUT else failure, call.trace.attempts)
+                    )
+                    continue
+                answered = call.task.result()
+                for line in call.lines:
+                    outcome = answered.get(line.sku, Failure(supplier, TIMEOUT))
+                    outcomes[supplier, line.sku] = outcome
+                verdicts.setdefault(supplier, []).append(_call_verdict(call, answered))
+            if breakers is not None:
+                for supplier, seen in verdicts.items():
+                    breaker = breakers.get(supplier)
+                    if breaker is not None:
+                        breaker.record(permits[supplier], worst(seen))
+            judged = True
+        finally:
+            if not judged and breakers is not None:
+                for supplier, permit in permits.items():
+                    breaker = breakers.get(supplier)
+                    if breaker is not None and permit is not Permit.REFUSED:
+                        breaker.record(permit, Verdict.UNKNOWN)
+        elapsed_ms = (time.monotonic() - admitted_at) * 1000
+        ranked = tuple(
+            _rank_line(cart, line, request_id, lineup.suppliers, outcomes, elapsed_ms)
+            for line in cart.lines
+        )
+        solve_started = time.monotonic()
+        time_limit = max(0.0, admitted_at + budget - self._answer_reserve - solve_started)
+        basket = await carts.solve(ranked, lineup.suppliers, time_limit)
+        solved = time.monotonic()
+        result = CartResult(
+            lines=ranked,
+            basket=basket,
+            elapsed_ms=(solved - admitted_at) * 1000,
+            request_id=request_id,
+        )
+        return CartReport(
+            result=result,
+            budget=budget,
+            admitted_at=admitted_at,
+            deadline=deadline,
+            traces=tuple(traces),
+            suppliers=lineup.suppliers,
+            solve_ms=(solved - solve_started) * 1000,
+            caller=caller,
+        )
+
+    async def _line(
+        self,
+        trace: SupplierTrace,
+        cart: CartRequest,
+        line: CartLine,
+        request_id: str,
+        deadline: float,
+    ) -> dict[str, SupplierQuote | Failure]:
+        """One line asked of a supplier that takes no batch: a single quote's call."""
+        outcome = await self._gateway.quote(trace, cart.line_request(line), request_id, deadline)
+        return {line.sku: outcome}
+
+
+INLINE_SOLVE: Final = 400
+"""Offers (lines × suppliers quoting them) up to which the basket is solved on the loop.
+
+Such a solve takes well under a millisecond (``python -m bench.basket``);
+a larger one runs in a thread, so single quotes never wait on it."""
+
+
+async def solve_basket(
+    lines: tuple[QuoteResult, ...], suppliers: tuple[str, ...], time_limit: float
+) -> Basket:
+    """The cheapest basket of the lines' usable quotes, within ``time_limit`` seconds."""
+    wanted = tuple(Line.of_quotes(line.sku, line.quantity, line.quotes) for line in lines)
+    offers = sum(len(line.offers) for line in wanted)
+    if offers <= INLINE_SOLVE:
+        found = solve(wanted, suppliers, time_limit=time_limit)
+    else:
+        found = await asyncio.to_thread(solve, wanted, suppliers, time_limit=time_limit)
+    return Basket(
+        picks=tuple(Pick(**attrs.asdict(p)) for p in found.picks),
+        shipping=tuple(Shipping(**attrs.asdict(p)) for p in found.shipping),
+        total_cents=found.total_cents,
+        per_line_total_cents=found.per_line_total_cents,
+        complete=found.complete,
+        unquoted=found.unquoted,
+        optimal=found.optimal,
+    )
+
+
+@attrs.frozen(kw_only=True)
+class CartSettings:
+    """What the service needs to serve carts."""
+
+    budget: float
+    limit: int
+    batches: BatchGateway
+    solve: Callable[[tuple[QuoteResult, ...], tuple[str, ...], float], Awaitable[Basket]] = (
+        solve_basket
+    )
+    """The basket for the lines' quotes, the supplier order and the seconds it may take."""
+    solve_reserve: float = 0.05
+    """Seconds of the cart budget kept for the basket: supplier calls end that much earlier."""
+
+
+@attrs.frozen
+class _CartCall:
+    trace: SupplierTrace
+    lines: tuple[CartLine, ...]
+    task: asyncio.Task[dict[str, SupplierQuote | Failure]]
+
+
+def _call_verdict(call: _CartCall, result: dict[str, SupplierQuote | Failure]) -> Verdict:
+    """What one of a cart's calls says of its supplier: a quote for any line is an answer."""
+    quoted = next((out for out in result.values() if isinstance(out, SupplierQuote)), None)
+    return verdict(quoted or result.get(call.lines[0].sku), call.trace.attempts)
+
+
+def _cut_off_cart(asked: list[_CartCall]) -> None:
+    """The cart's deadline: every supplier call still running ends now, as ``timeout``."""
+    for call in asked:
+        if not call.task.cancelling():
+            call.task.cancel()
+
+
+def _rank_line(
+    cart: CartRequest,
+    line: CartLine,
+    request_id: str,
+    suppliers: tuple[str, ...],
+    outcomes: dict[tuple[str, str], SupplierQuote | Failure],
+    elapsed_ms: float,
+) -> QuoteResult:
+    """One line ranked as a single quote is; a price no JSON reader keeps exact is no price."""
+    line_outcomes: dict[str, SupplierQuote | Failure] = {}
+    for supplier in suppliers:
+        outcome = outcomes.get((supplier, line.sku))
+        if outcome is None:
+            continue
+        if (
+            isinstance(outcome, SupplierQuote)
+            and outcome.unit_cents * line.quantity + outcome.shipping_cents > MAX_SUPPLIED_NUMBER
+        ):
+            outcome = Failure(supplier, INVALID_DATA)
+        line_outcomes[supplier] = outcome
+    return _rank(cart.line_request(line), request_id, suppliers, line_outcomes, elapsed_ms)
 
 
 def _cut_off(

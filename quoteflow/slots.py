@@ -24,6 +24,12 @@ supplier: ``OutboundSlots`` then serves the request's other waiting calls
 only when no call of a request that can still get every quote can use the
 slot, so that the slots' time goes to complete answers first.
 
+A cart's calls wait ``later``: a freed slot goes to them only when no single
+quote's call can use it, so that a 200-line cart never stands between a
+single quote and its next slot. The order of the hand-out, one place for
+both classes: single quotes' calls of whole requests, then of requests that
+lost a call, then carts' calls; first come, first served within each.
+
 ``OutboundLimiter`` is the seam: the supplier client needs only ``acquire``,
 ``release`` and ``in_use``. ``OutboundSlots`` holds them for one process;
 ``fleet.FleetSlots`` holds them for every worker sharing a Redis (fleet mode).
@@ -149,11 +155,14 @@ class OutboundLimiter(Protocol):
         """Slots this process's attempts hold now."""
         ...
 
-    async def acquire(self, supplier: str, patience: Patience | None = None) -> bool:
+    async def acquire(
+        self, supplier: str, patience: Patience | None = None, *, later: bool = False
+    ) -> bool:
         """Wait until an attempt at ``supplier`` may start (True), or its ``patience`` runs out.
 
         False: the attempt could no longer finish in time and holds nothing.
         Without ``patience`` it waits until a slot comes. A cancelled wait holds nothing.
+        ``later``: a cart's call, served after every single quote's call that can use the slot.
         """
         ...
 
@@ -178,6 +187,10 @@ class OutboundSlots:
         self._waiting: collections.deque[tuple[str, asyncio.Future[bool], str | None]] = (
             collections.deque()
         )
+        self._later: collections.deque[tuple[str, asyncio.Future[bool], str | None]] = (
+            collections.deque()
+        )
+        """Carts' calls waiting: served once no call in ``_waiting`` can use a slot."""
         self._impatience = Impatience()
         self._broken: collections.OrderedDict[str, None] = collections.OrderedDict()
         """Requests that lost a call to the queue (the newest ``BROKEN_KEPT``): served last."""
@@ -197,12 +210,12 @@ class OutboundSlots:
         for supplier in shares:
             self._held.setdefault(supplier, 0)
         self._current = set(shares)
-        if self._waiting:
+        if self._waiting or self._later:
             self._hand_out()  # a larger share may let a waiter in now
 
     def forget(self, suppliers: Iterable[str]) -> None:
         """Drop suppliers of an old catalogue once no attempt holds or waits for their slots."""
-        waiting = {supplier for supplier, _, _ in self._waiting}
+        waiting = {supplier for supplier, _, _ in (*self._waiting, *self._later)}
         for supplier in suppliers:
             if supplier in self._current or supplier not in self._held:
                 continue  # named again by a later catalogue, or already forgotten
@@ -219,11 +232,14 @@ class OutboundSlots:
         """Slots ``supplier``'s attempts hold now."""
         return self._held[supplier]
 
-    async def acquire(self, supplier: str, patience: Patience | None = None) -> bool:
+    async def acquire(
+        self, supplier: str, patience: Patience | None = None, *, later: bool = False
+    ) -> bool:
         """Take a slot for ``supplier``, waiting first come, first served until one fits.
 
         With ``patience``, the wait ends False — holding nothing, out of the
-        queue — once the attempt could no longer finish in time.
+        queue — once the attempt could no longer finish in time. ``later``
+        (a cart's call) waits behind every single quote's call.
         """
         if self.free and self._held[supplier] < self._share[supplier]:
             # Nobody waiting could use this slot: release() hands a slot to
@@ -235,10 +251,13 @@ class OutboundSlots:
         granted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         request_id = None if patience is None else patience.request_id
         if patience is not None and not self._impatience.watch(patience, granted):
-            self._lost(patience.request_id)
+            if not later:
+                self._lost(patience.request_id)
             return False  # too late already: never queued
         entry = (supplier, granted, request_id)
-        self._waiting.append(entry)
+        # A cart loses lines to the queue as a matter of course: it marks nothing.
+        queue = self._later if later else self._waiting
+        queue.append(entry)
         try:
             if await granted:
                 return True
@@ -246,11 +265,11 @@ class OutboundSlots:
             if granted.done() and not granted.cancelled() and granted.result():
                 self.release(supplier)  # handed a slot, then cancelled before using it
             else:
-                self._waiting.remove(entry)
+                queue.remove(entry)
                 self._impatience.forget(granted)
             raise
-        self._waiting.remove(entry)  # gave up: its place goes to whoever can still use it
-        if request_id is not None:
+        queue.remove(entry)  # gave up: its place goes to whoever can still use it
+        if request_id is not None and not later:
             self._lost(request_id)
         return False
 
@@ -273,19 +292,27 @@ class OutboundSlots:
         """Give back ``supplier``'s slot, handing it on to the first waiter it fits."""
         self.free += 1
         self._held[supplier] -= 1
-        if self._waiting:
+        if self._waiting or self._later:
             self._hand_out()
 
     def _hand_out(self) -> None:
         broken = self._broken or None
-        self._hand_out_to(broken)
-        if broken and self.free and self._waiting:
-            self._hand_out_to(None)  # what the whole requests' calls could not use
+        waiting = self._waiting
+        if waiting:
+            self._hand_out_to(waiting, broken)
+            if broken and self.free and waiting:
+                self._hand_out_to(waiting, None)  # what the whole requests' calls could not use
+        if self.free and self._later:
+            self._hand_out_to(self._later, None)  # what no single quote's call could use
 
-    def _hand_out_to(self, passed_over: Container[str | None] | None) -> None:
+    def _hand_out_to(
+        self,
+        waiting: collections.deque[tuple[str, asyncio.Future[bool], str | None]],
+        passed_over: Container[str | None] | None,
+    ) -> None:
         index = 0
-        while self.free and index < len(self._waiting):
-            supplier, granted, request_id = self._waiting[index]
+        while self.free and index < len(waiting):
+            supplier, granted, request_id = waiting[index]
             if (
                 granted.done()  # cancelled or given up, about to leave
                 or self._held[supplier] >= self._share[supplier]
@@ -294,7 +321,7 @@ class OutboundSlots:
             ):
                 index += 1
                 continue
-            del self._waiting[index]
+            del waiting[index]
             self.free -= 1
             self._held[supplier] += 1
             granted.set_result(True)

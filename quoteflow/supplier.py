@@ -41,13 +41,19 @@ from yarl import URL
 
 from quoteflow.callers import Rate
 from quoteflow.catalogue import Adapter, Catalogue, Supplier
-from quoteflow.codec import decode_supplier_json, decode_supplier_quote, supplier_quote_from
+from quoteflow.codec import (
+    decode_batch_answer,
+    decode_supplier_json,
+    decode_supplier_quote,
+    supplier_quote_from,
+)
 from quoteflow.config import Settings
 from quoteflow.errors import InvalidSupplierData
 from quoteflow.logs import log_event
 from quoteflow.models import (
     AUTH_FAILED,
     INVALID_DATA,
+    NOT_FOUND,
     OK,
     RATE_LIMITED,
     STOPPED_ATTEMPTS_EXHAUSTED,
@@ -64,6 +70,7 @@ from quoteflow.models import (
     TRANSPORT_ERROR,
     Asked,
     AttemptRecord,
+    CartLine,
     Failure,
     MovingDeadline,
     QuoteRequest,
@@ -142,6 +149,8 @@ class _AttemptResult:
     """A 401 of a supplier with an OAuth2 client: its token was dropped, a new one may work."""
     not_sent: str | None = None
     """Why the attempt was never sent (the bill's ``stopped``), if it was not."""
+    lines: dict[str, SupplierQuote | Failure] | None = None
+    """A batch call's answer: an outcome for each line's SKU (``code`` is ``OK``)."""
 
 
 _NO_SLOT_IN_TIME: Final = _AttemptResult(None, TIMEOUT, not_sent=STOPPED_NO_SLOT_IN_TIME)
@@ -174,6 +183,8 @@ class _Call:
     """The request as the supplier's templates render it (``None``: the classic request)."""
     asked: Asked | None = None
     """What was asked, for an adapter that takes it."""
+    lines: tuple[CartLine, ...] = ()
+    """A batch call's lines; empty for a call about ``request`` alone."""
 
     def left(self, now: float) -> float:
         """How long an attempt may still wait for a slot (``slots.Patience``).
@@ -238,6 +249,8 @@ class _SupplierState:
         self._shaped: dict[tuple[str, int, str], Shaped] = {}
         self.tokens: TokenKeeper | None = None
         """The OAuth2 token of a supplier with an ``oauth2`` client (set by ``SupplierClient``)."""
+        self.item_rate = supplier.batch is not None and supplier.batch.rate_unit == "item"
+        """Its ``rate`` counts lines, not calls (``[supplier.batch] rate_unit = "item"``)."""
         self.adapter: Adapter | None = supplier.adapter
         self.asks_adapter = supplier.adapter_takes_asked
         self.shape_method = "GET" if supplier.shape is None else supplier.shape.method
@@ -481,12 +494,80 @@ class SupplierClient:
         attempt's ``X-Deadline-Remaining-Ms`` and each retry decision.
         """
         state = self._suppliers[trace.supplier]
+        if state.spec.batch is not None:
+            # A batch supplier takes a single quote as a batch of one line.
+            line = CartLine(request.sku, request.quantity)
+            answered = await self._batch(state, trace, (line,), request, request_id, deadline)
+            return answered[request.sku]
         asked = None
         if state.asks_adapter:
             asked = Asked(trace.supplier, request.sku, request.quantity, request.scenario)
         shaped = None if state.shape is None else state.shaped(request, request_id)
         url = state.url_for(request) if shaped is None else shaped.url
         call = _Call(url, request, request_id, deadline, state.attempt_time, shaped, asked)
+        result = await self._ask(state, call, trace)
+        return result.quote if result.quote is not None else Failure(trace.supplier, result.code)
+
+    def chunks(self, supplier: str, lines: tuple[CartLine, ...]) -> list[tuple[CartLine, ...]]:
+        """A cart's ``lines`` as the calls a batch supplier is asked in; empty for any other."""
+        spec = self._suppliers[supplier].spec
+        batch = spec.batch
+        if batch is None:
+            return []
+        burst = spec.rate.quota if batch.rate_unit == "item" and spec.rate is not None else None
+        return batch.chunks(lines, burst)  # type: ignore[return-value]  # CartLines in, out
+
+    async def batch(
+        self,
+        trace: SupplierTrace,
+        lines: tuple[CartLine, ...],
+        scenario: str,
+        request_id: str,
+        deadline: float,
+    ) -> dict[str, SupplierQuote | Failure]:
+        """Ask a batch supplier for ``lines`` in one call: an outcome for every line's SKU."""
+        state = self._suppliers[trace.supplier]
+        first = lines[0]
+        request = QuoteRequest(sku=first.sku, quantity=first.quantity, scenario=scenario)
+        return await self._batch(state, trace, lines, request, request_id, deadline)
+
+    async def _batch(
+        self,
+        state: _SupplierState,
+        trace: SupplierTrace,
+        lines: tuple[CartLine, ...],
+        request: QuoteRequest,
+        request_id: str,
+        deadline: float | MovingDeadline,
+    ) -> dict[str, SupplierQuote | Failure]:
+        batch, shape = state.spec.batch, state.shape
+        assert batch is not None
+        assert shape is not None
+        shaped, body = batch.render(shape, lines, request.scenario, request_id)
+        if body is not None:
+            payload = aiohttp.BytesPayload(body, content_type=shape.content_type)
+            shaped = attrs.evolve(shaped, body=payload)
+        call = _Call(
+            shaped.url, request, request_id, deadline, state.attempt_time, shaped, lines=lines
+        )
+        result = await self._ask(state, call, trace)
+        if result.lines is not None:
+            return result.lines
+        if result.status == 413 and state.spec.name not in _TOO_LARGE_LOGGED:
+            _TOO_LARGE_LOGGED.add(state.spec.name)
+            log_event(
+                log,
+                logging.WARNING,
+                "batch_too_large",
+                {"supplier": state.spec.name, "items": len(lines), "max_items": batch.max_items},
+            )
+        failure = Failure(trace.supplier, result.code)
+        return dict.fromkeys((line.sku for line in lines), failure)
+
+    async def _ask(
+        self, state: _SupplierState, call: _Call, trace: SupplierTrace
+    ) -> _AttemptResult:
+        """The attempt loop: at most two attempts under the deadline; the last result stands."""
         state.retry_budget.first_attempt()
         result: _AttemptResult | None = None
         for attempt in range(1, self._attempts + 1):
@@ -500,18 +581,18 @@ class SupplierClient:
                     result = tried
                 break
             result = tried
-            if attempt > 1 and result.quote is not None:
-                state.retry_budget.paid_off()
-            if result.quote is not None:
+            if result.code == OK:
+                if attempt > 1:
+                    state.retry_budget.paid_off()
                 trace.stopped = STOPPED_SUCCESS
-                return result.quote
+                return result
             if not result.retryable:
                 trace.stopped = STOPPED_NOT_RETRYABLE
                 break
             if attempt == self._attempts:
                 trace.stopped = STOPPED_ATTEMPTS_EXHAUSTED
                 break
-            backoff, refusal = self._plan_retry(state, result, deadline)
+            backoff, refusal = self._plan_retry(state, result, call.deadline)
             if refusal is not None:
                 trace.stopped = refusal  # answer now: waiting could not bring a quote
                 break
@@ -520,7 +601,7 @@ class SupplierClient:
             trace.attempts[-1] = attrs.evolve(trace.attempts[-1], backoff=backoff)
             await asyncio.sleep(backoff)
         assert result is not None
-        return Failure(trace.supplier, result.code)
+        return result
 
     def _plan_retry(
         self, state: _SupplierState, failed: _AttemptResult, deadline: float | MovingDeadline
@@ -558,8 +639,16 @@ class SupplierClient:
         if pauses.active and pauses.until(trace.supplier) is not None:
             return _PAUSED
         rate = state.spec.rate
-        if rate is not None and not await self._turn(call, trace, rate):
-            return _NO_TURN
+        if rate is not None:
+            if not await self._turn(call, trace, rate):
+                return _NO_TURN
+            if call.lines and state.item_rate:
+                # A rate that counts parts: one turn per line of the call (the
+                # first is had). Turns had before one that does not come are
+                # spent: the supplier is sent less than the rate, never more.
+                for _ in range(len(call.lines) - 1):
+                    if not await self._turn(call, trace, rate):
+                        return _NO_TURN
         authorization = None
         if state.tokens is not None:
             # Before the slot: a wait for the token holds none of the outbound capacity.
@@ -568,8 +657,13 @@ class SupplierClient:
                 authorization = await self._token(state.tokens, trace)
                 if authorization is None:
                     return _NO_TOKEN
-        # One wait for both the shared slot and room in the supplier's share.
-        if not await self._slots.acquire(trace.supplier, patience):
+        # One wait for both the shared slot and room in the supplier's share; a
+        # cart's call waits behind single quotes' (``slots.py``).
+        if not (
+            await self._slots.acquire(trace.supplier, patience)
+            if not trace.lines
+            else await self._slots.acquire(trace.supplier, patience, later=True)
+        ):
             trace.gave_up_after = time.monotonic() - waiting_since
             return _NO_SLOT_IN_TIME
         if pauses.active and pauses.until(trace.supplier) is not None:
@@ -614,7 +708,7 @@ class SupplierClient:
             fetched = self._decode(state, fetched, trace.supplier, call)
         elif isinstance(fetched, _Answer):
             fetched = self._decode(state, fetched.body, trace.supplier, call, fetched.cache_control)
-        outcome = OK if fetched.quote is not None else fetched.code
+        outcome = fetched.code
         trace.attempts.append(
             _record(attempt, waiting_since, started, ended, outcome, fetched.status)
         )
@@ -752,6 +846,11 @@ class SupplierClient:
         call: _Call,
         cache_control: str | None = None,
     ) -> _AttemptResult:
+        if call.lines:
+            lines = _batch_answer(state, body, call)
+            if lines is None:
+                return _AttemptResult(None, INVALID_DATA, status=200)
+            return _AttemptResult(None, OK, status=200, lines=lines)
         sku = call.request.sku
         try:
             if state.adapter is None:
@@ -778,6 +877,71 @@ class SupplierClient:
             if len(body) > self._max_body:
                 raise InvalidSupplierData(f"body is over the cap of {self._max_body} bytes")
         return bytes(body)
+
+
+_TOO_LARGE_LOGGED: set[str] = set()
+"""Batch suppliers whose 413 (``max_items`` too large for them) was logged: once each."""
+
+
+def _batch_answer(
+    state: _SupplierState, body: bytes, call: _Call
+) -> dict[str, SupplierQuote | Failure] | None:
+    """A batch call's 200 read line by line: a bad entry fails its own line alone.
+
+    Entries are matched by SKU, never by position. None: the body is not the
+    protocol (or an adapter raised), ``invalid_data`` for every line.
+    """
+    supplier = state.spec.name
+    invalid = Failure(supplier, INVALID_DATA)
+    entries: Mapping[str, object]
+    try:
+        if state.adapter is None:
+            entries = decode_batch_answer(body)
+        else:
+            entries = _batch_adapted(state.adapter, body, supplier, call)
+    except InvalidSupplierData:
+        return None
+    answer: dict[str, SupplierQuote | Failure] = {}
+    for line in call.lines:
+        entry = entries.get(line.sku)
+        if entry == NOT_FOUND:
+            answer[line.sku] = Failure(supplier, NOT_FOUND)
+            continue
+        try:
+            answer[line.sku] = supplier_quote_from(entry, supplier=supplier, sku=line.sku)
+        except InvalidSupplierData:
+            answer[line.sku] = invalid  # missing, malformed, or another SKU's
+    return answer
+
+
+def _batch_adapted(adapter: Adapter, body: bytes, supplier: str, call: _Call) -> Mapping[str, Any]:
+    """A batch body through the catalogue's adapter: SKU → quote mapping or ``"not_found"``."""
+    payload = decode_supplier_json(body)
+    scenario = call.request.scenario
+    asked = [Asked(supplier, line.sku, line.quantity, scenario) for line in call.lines]
+    try:
+        mapped: object = adapter(payload, asked)  # foreign code: its type hint is a hope
+    except Exception as exc:  # any failure of foreign code is bad data
+        log_event(
+            log,
+            logging.WARNING,
+            "adapter_failed",
+            {"supplier": supplier, "error": type(exc).__name__},
+        )
+        raise InvalidSupplierData(f"adapter raised {type(exc).__name__}") from None
+    if not isinstance(mapped, Mapping):
+        log_event(
+            log,
+            logging.WARNING,
+            "adapter_failed",
+            {"supplier": supplier, "error": f"returned {type(mapped).__name__}"},
+        )
+        raise InvalidSupplierData("adapter returned no mapping")
+    return {
+        sku: (entry if entry == NOT_FOUND else dict(entry) if isinstance(entry, Mapping) else None)
+        for sku, entry in mapped.items()
+        if isinstance(sku, str)
+    }
 
 
 def _adapted(

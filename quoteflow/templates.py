@@ -207,6 +207,12 @@ def _render_json(template: JSONTemplate, values: Mapping[str, str]) -> object:
     return template
 
 
+uses_of = _json_uses
+"""Every placeholder a JSON template names."""
+render_json = _render_json
+"""A JSON template rendered with ``values``, as a value ready to encode."""
+
+
 # -- a whole request ------------------------------------------------------------------
 
 

@@ -102,9 +102,13 @@ class Pass:
         """Seconds the rate check waited for Redis: they count against the budget."""
         self._seated = False
 
-    async def enter(self, ensure_capacity: Callable[[], None]) -> None:
-        """Take a seat, check the inbound limit, spend one request of the rate — or refuse.
+    async def enter(self, ensure_capacity: Callable[[], None], units: int = 1) -> None:
+        """Take a seat, check the inbound limit, spend ``units`` of the rate — or refuse.
 
+        ``units``: a cart spends one per line, so that a 200-line cart is no
+        loophole in a quota. It is refused unless the caller may send them all
+        now (a cart larger than the caller's burst never is); spent one by
+        one, a cart whose fleet-wide units run out midway keeps what it spent.
         Raises ``SeatsExceeded``, ``CapacityExhausted`` or ``QuotaExceeded``,
         holding nothing.
         """
@@ -120,16 +124,24 @@ class Pass:
             rate = caller.rate
             if rate is None:
                 return
+            if units > 1:
+                standing = gate.peek(caller)
+                if standing is not None and standing.remaining < units:
+                    self.standing = standing
+                    self.refused = QUOTA_EXCEEDED
+                    raise QuotaExceeded(caller.name, standing.retry_after)
             shared = gate.shared
-            if shared is None:
-                admitted, self.standing = gate.local.spend(caller.name, rate, time.monotonic())
-            else:
-                started = time.monotonic()
-                admitted, self.standing = await shared.spend(caller.name, rate)
+            started = time.monotonic()
+            for _ in range(units):
+                if shared is None:
+                    admitted, self.standing = gate.local.spend(caller.name, rate, started)
+                else:
+                    admitted, self.standing = await shared.spend(caller.name, rate)
+                if not admitted:
+                    self.refused = QUOTA_EXCEEDED
+                    raise QuotaExceeded(caller.name, self.standing.retry_after)
+            if shared is not None:
                 self.waited = time.monotonic() - started
-            if not admitted:
-                self.refused = QUOTA_EXCEEDED
-                raise QuotaExceeded(caller.name, self.standing.retry_after)
         except BaseException:
             self.leave()
             raise

@@ -9,6 +9,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
+from typing import Final
 
 from quoteflow.fleet.safe import safe_share
 from quoteflow.fleet.timing import IDLE_SLACK, LEASE_TRUST, LINGER, POLL
@@ -16,6 +17,10 @@ from quoteflow.slots import Impatience, Patience
 
 JOINING, FLEET, LOCAL = "joining", "fleet", "local"
 """Modes of ``FleetSlots``: before the first sync, leases in force, on its own (safe share)."""
+
+
+LATER: Final = 1 << 62
+"""Added to a cart's call's place in the queue: every single quote's call comes first."""
 
 
 class FleetSlots:
@@ -93,11 +98,14 @@ class FleetSlots:
         """Attempts of this process waiting for a slot."""
         return sum(self._live(queue) for queue in self._waiting.values())
 
-    async def acquire(self, supplier: str, patience: Patience | None = None) -> bool:
+    async def acquire(
+        self, supplier: str, patience: Patience | None = None, *, later: bool = False
+    ) -> bool:
         """Take a slot for ``supplier``: an idle leased one at once, else wait in turn.
 
         With ``patience``, the wait ends False — holding nothing, out of this
         worker's queue — once the attempt could no longer finish in time.
+        ``later`` (a cart's call) waits behind this worker's single quotes' calls.
         """
         if (
             self.mode == FLEET
@@ -119,9 +127,20 @@ class FleetSlots:
         granted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         if patience is not None and not self._impatience.watch(patience, granted):
             return False  # too late already: never queued, never announced
-        entry = (next(self._order), granted)
         queue = self._waiting[supplier]
-        queue.append(entry)
+        if later:
+            entry = (LATER + next(self._order), granted)
+            queue.append(entry)
+        else:
+            entry = (next(self._order), granted)
+            if queue and queue[-1][0] >= LATER:
+                # Before the carts' calls: a single quote never waits behind a cart.
+                index = len(queue)
+                while index and queue[index - 1][0] >= LATER:
+                    index -= 1
+                queue.insert(index, entry)
+            else:
+                queue.append(entry)
         if self.mode != LOCAL:
             # At once if the last sync saw a slot we could get, or Redis does
             # not know yet that we wait (then nobody would tell us of a freed
