@@ -22,7 +22,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from quoteflow import handlers, logs
-from quoteflow.cache import CachingGateway, QuoteCache
+from quoteflow.cache import CachingBatches, CachingGateway, QuoteCache
 from quoteflow.callers import Callers, CallersFile, Gate, SharedMeter
 from quoteflow.catalogue import MAX_SUPPLIERS, Catalogue
 from quoteflow.coalesce import CoalescingGateway
@@ -44,7 +44,7 @@ from quoteflow.pauses import Pauses
 from quoteflow.reload import register
 from quoteflow.retry import RetryLimiter
 from quoteflow.roster import SupplierRoster
-from quoteflow.service import CartSettings, QuoteService, SupplierGateway
+from quoteflow.service import BatchGateway, CartSettings, QuoteService, SupplierGateway
 from quoteflow.slots import OutboundLimiter, OutboundSlots
 from quoteflow.supplier import SupplierClient, session_timeout
 from quoteflow.tracing import TracingConfig, tracing_from_environ
@@ -475,6 +475,9 @@ def _supplier_session(
             )
             telemetry = app[handlers.TELEMETRY]
             shared, cache = _sharing(settings, client, telemetry)
+            batches: BatchGateway = client if cache is None else CachingBatches(client, cache)
+            if tracer is not None:
+                batches = tracer.batches(batches)
             supplier_gateway: SupplierGateway = gateway(shared) if gateway else shared
             if tracer is not None:
                 # Outermost: a request's span for each supplier, joined or cached too.
@@ -490,7 +493,7 @@ def _supplier_session(
                 carts=CartSettings(
                     budget=settings.cart_budget,
                     limit=settings.cart_limit,
-                    batches=client,
+                    batches=batches,
                 ),
             )
             app[SUPPLIER_CLIENT] = client

@@ -43,12 +43,13 @@ from quoteflow.models import (
     STOPPED_CACHED,
     TIMEOUT,
     TRANSPORT_ERROR,
+    CartLine,
     Failure,
     QuoteRequest,
     SupplierQuote,
     SupplierTrace,
 )
-from quoteflow.service import SupplierGateway
+from quoteflow.service import BatchGateway, SupplierGateway
 
 _Key = tuple[str, str, str, int]
 """Supplier, SKU, scenario."""
@@ -271,3 +272,55 @@ class CachingGateway:
         if isinstance(outcome, SupplierQuote):
             self._cache.keep(key, outcome)
         return outcome
+
+
+class CachingBatches:
+    """A ``BatchGateway`` whose calls ask only for the lines ``cache`` holds no fresh quote of.
+
+    Every quote a batch call brings is stored per line, as a single call's
+    is: the answer's ``Cache-Control`` covers each of its quotes. A call whose
+    every line is fresh in the cache is answered without the supplier
+    (``stopped: "cached"``).
+    """
+
+    def __init__(self, inner: BatchGateway, cache: QuoteCache) -> None:
+        self._inner = inner
+        self._cache = cache
+
+    def chunks(self, supplier: str, lines: tuple[CartLine, ...]) -> list[tuple[CartLine, ...]]:
+        """The supplier's own chunking: the cache is read when each call starts."""
+        return self._inner.chunks(supplier, lines)
+
+    async def batch(
+        self,
+        trace: SupplierTrace,
+        lines: tuple[CartLine, ...],
+        scenario: str,
+        request_id: str,
+        deadline: float,
+    ) -> dict[str, SupplierQuote | Failure]:
+        """Fresh quotes from the cache, the other lines from the supplier (and stored)."""
+        cache = self._cache
+        keys = {
+            line.sku: cache.key(
+                trace.supplier,
+                QuoteRequest(sku=line.sku, quantity=line.quantity, scenario=scenario),
+            )
+            for line in lines
+        }
+        found: dict[str, SupplierQuote | Failure] = {}
+        missing: list[CartLine] = []
+        for line in lines:
+            cached = cache.fresh(keys[line.sku])
+            if cached is None:
+                missing.append(line)
+            else:
+                found[line.sku] = cached
+        if not missing:
+            trace.stopped = STOPPED_CACHED
+            return found
+        answered = await self._inner.batch(trace, tuple(missing), scenario, request_id, deadline)
+        for sku, outcome in answered.items():
+            if isinstance(outcome, SupplierQuote):
+                cache.keep(keys[sku], outcome)
+        return found | answered

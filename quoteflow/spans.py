@@ -108,12 +108,13 @@ from quoteflow.models import (
     STOPPED_RETRY_BUDGET,
     TIMEOUT,
     AttemptRecord,
+    CartLine,
     Failure,
     QuoteRequest,
     SupplierQuote,
     SupplierTrace,
 )
-from quoteflow.service import SupplierGateway
+from quoteflow.service import BatchGateway, SupplierGateway
 from quoteflow.tracing import DEFAULT_SERVICE_NAME, TracingConfig
 
 log = logging.getLogger("quoteflow")
@@ -122,6 +123,8 @@ log = logging.getLogger("quoteflow")
 REQUEST_ID_ATTRIBUTE: Final = "quoteflow.request_id"
 CALLER_ATTRIBUTE: Final = "quoteflow.caller"
 SUPPLIER: Final = "quoteflow.supplier"
+LINES: Final = "quoteflow.lines"
+"""On a cart's supplier call: how many of its lines the call asked for."""
 OUTCOME: Final = "quoteflow.outcome"
 """``ok`` or the failure code (``http_503``, ``timeout``, ...): an attempt's, or the call's."""
 STOPPED: Final = "quoteflow.stopped"
@@ -494,6 +497,10 @@ class Tracing:
         assert self.provider is not None, "wrap the gateway after tracing's cleanup_ctx began"
         return _RecordingGateway(inner)
 
+    def batches(self, inner: BatchGateway) -> BatchGateway:
+        """``inner``, noting when each batch call of a sampled cart begins and ends."""
+        return _RecordingBatches(inner)
+
     def sending(self, attempt: int, url: URL, headers: dict[str, str], method: str) -> None:
         """An attempt is about to go out: name its own span in ``traceparent``."""
         served = _REQUEST.get(None)
@@ -611,6 +618,8 @@ class Tracing:
             OUTCOME: code,
             ATTEMPTS: len(trace.attempts),
         }
+        if trace.lines:
+            attributes[LINES] = len(trace.lines)  # a cart's call
         if stopped is not None:
             attributes[STOPPED] = stopped
         for name, value in ((JOINED, trace.joined), (HANDED_OVER, trace.handed_over)):
@@ -784,6 +793,48 @@ class _RecordingGateway:
         try:
             call.outcome = await self._inner.quote(call.trace, request, request_id, call.deadline)
             return call.outcome
+        except Exception as exc:  # a bug of ours: it propagates (500), and is on the span
+            call.error = exc
+            raise
+        finally:
+            call.ended = time.monotonic()
+            current.clear()
+            _CALL.reset(token)
+
+
+class _RecordingBatches:
+    """A ``BatchGateway`` that notes, for a sampled cart, when each batch call begins and ends.
+
+    The call's span is a supplier call's, its outcome the call's: ``ok`` when
+    any line got a quote, else the first line's code.
+    """
+
+    def __init__(self, inner: BatchGateway) -> None:
+        self._inner = inner
+
+    def chunks(self, supplier: str, lines: tuple[CartLine, ...]) -> list[tuple[CartLine, ...]]:
+        return self._inner.chunks(supplier, lines)
+
+    async def batch(
+        self,
+        trace: SupplierTrace,
+        lines: tuple[CartLine, ...],
+        scenario: str,
+        request_id: str,
+        deadline: float,
+    ) -> dict[str, SupplierQuote | Failure]:
+        served = _REQUEST.get(None)
+        if served is None or served.sampled is None:
+            return await self._inner.batch(trace, lines, scenario, request_id, deadline)
+        call = _Call(trace, deadline, time.monotonic())
+        served.sampled.calls.append(call)
+        current = [call]
+        token = _CALL.set(current)
+        try:
+            answered = await self._inner.batch(trace, lines, scenario, request_id, deadline)
+            quoted = (o for o in answered.values() if isinstance(o, SupplierQuote))
+            call.outcome = next(quoted, None) or answered[lines[0].sku]
+            return answered
         except Exception as exc:  # a bug of ours: it propagates (500), and is on the span
             call.error = exc
             raise

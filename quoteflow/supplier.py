@@ -850,6 +850,13 @@ class SupplierClient:
             lines = _batch_answer(state, body, call)
             if lines is None:
                 return _AttemptResult(None, INVALID_DATA, status=200)
+            if cache_control is not None:  # the answer's, for each of its quotes
+                lines = {
+                    sku: attrs.evolve(out, cache_control=cache_control)
+                    if isinstance(out, SupplierQuote)
+                    else out
+                    for sku, out in lines.items()
+                }
             return _AttemptResult(None, OK, status=200, lines=lines)
         sku = call.request.sku
         try:

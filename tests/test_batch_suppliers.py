@@ -387,3 +387,28 @@ async def test_every_line_of_a_cart_timing_out_keeps_the_calls_that_finished(
     body = await post_cart(client, cart("A", "B", "C"))
     codes = {line["sku"]: [f["code"] for f in line["failures"]] for line in body["lines"]}
     assert codes == {"A": [], "B": [], "C": ["timeout"]}
+
+
+async def test_with_the_cache_on_a_line_held_fresh_is_not_asked_again(
+    start: Start, api: ForeignApi, batch: BatchApi
+) -> None:
+    """A batch answer's ``Cache-Control`` fills the cache per line; a later call asks the rest."""
+
+    async def answer(request: web.Request, arrived: Arrived) -> web.StreamResponse:
+        parts = json.loads(arrived.body)["parts"]
+        quotes = [good(p["mpn"], p["qty"]) for p in parts]
+        body = {"quotes": quotes, "not_found": []}
+        return web.json_response(body, headers={"Cache-Control": "max-age=60"})
+
+    api.answer = answer
+    client = await start([bulk(api, max_items=5)], cache_size=100)
+    await post_cart(client, cart("A", "B"))
+    answer_body = await post_cart(client, cart("A", "B", "C"))
+    assert batch.calls() == [["A", "B"], ["C"]]
+    assert all(len(line["quotes"]) == 1 for line in answer_body["lines"])
+    by_sku = {line["sku"]: line["quotes"][0] for line in answer_body["lines"]}
+    assert "age_s" in by_sku["A"]
+    assert "age_s" not in by_sku["C"]
+    answer_body = await post_cart(client, cart("C", "B"))
+    assert len(api.arrived) == 2  # every line fresh: the supplier is not asked
+    assert answer_body["explain"]["suppliers"]["bulk"]["calls"][0]["stopped"] == "cached"

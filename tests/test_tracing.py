@@ -36,6 +36,7 @@ from quoteflow import spans
 from quoteflow.app import GatewayFactory, create_app
 from quoteflow.auth import ApiKeys
 from quoteflow.callers import load_callers
+from quoteflow.catalogue import Catalogue
 from quoteflow.config import Settings
 from quoteflow.models import Failure, QuoteRequest, SupplierQuote, SupplierTrace
 from quoteflow.options import load_catalogue
@@ -83,6 +84,7 @@ def start_traced(
         env: dict[str, str] | None = None,
         record_delay: float | None = None,
         gateway: GatewayFactory | None = None,
+        catalogue: Catalogue | None = None,
         **overrides: Any,
     ) -> TestClient[Any, Any]:
         for name in list(os.environ):
@@ -101,7 +103,8 @@ def start_traced(
             "provider_url": str(lab.make_url("")).rstrip("/"),
         }
         values.update(overrides)
-        return await aiohttp_client(create_app(Settings(**values), tracing=config, gateway=gateway))
+        app = create_app(Settings(**values), tracing=config, gateway=gateway, catalogue=catalogue)
+        return await aiohttp_client(app)
 
     return start
 
@@ -767,3 +770,37 @@ async def test_python_m_quoteflow_is_configured_by_the_sdks_variables(
     (started,) = [e for e in events if e["event"] == "tracing_on"]
     assert started["endpoint"] == receiver.url
     assert (started["sampler"], started["ratio"]) == ("parentbased_traceidratio", 0.0)
+
+
+async def test_a_carts_batch_calls_get_a_span_each_with_their_lines(
+    start_traced: StartTraced, receiver: Receiver, lab: TestServer, tmp_path: Path
+) -> None:
+    """A cart of 3 lines to a batch supplier of ``max_items = 2``: two call spans, 2 and 1 lines."""
+    lab_url = str(lab.make_url("")).rstrip("/")
+    path = tmp_path / "suppliers.toml"
+    path.write_text(
+        "[[supplier]]\n"
+        'name = "atlas"\n'
+        'method = "POST"\n'
+        f'url = "{lab_url}/batch/atlas/match"\n'
+        'adapter = "provider_lab.adapters:batch_dialect"\n'
+        'body = { parts = [ { mpn = "{sku}", qty = "{quantity}" } ] }\n'
+        'batch = { max_items = 2, items = "parts" }\n'
+    )
+    settings = Settings(suppliers_file=str(path))
+    client = await start_traced(
+        catalogue=load_catalogue(settings, {}), suppliers_file=str(path), cart_budget=1.0
+    )
+    lines = [{"sku": f"HOT-0{n}", "quantity": 1} for n in (1, 2, 3)]
+    response = await client.post("/api/carts", json={"lines": lines})
+    assert response.status == 200
+    request_id = (await response.json())["request_id"]
+    trace = await receiver.trace_of(request_id, spans=1 + 2 + 2)
+    assert trace.server.name == "POST /api/carts"
+    calls = trace.children(trace.server)
+    assert sorted(call.attributes["quoteflow.lines"] for call in calls) == [1, 2]
+    for call in calls:
+        assert call.attributes["quoteflow.outcome"] == "ok"
+        (attempt,) = trace.children(call)
+        assert attempt.kind == CLIENT
+        assert attempt.attributes["url.full"].startswith(f"{lab_url}/batch/atlas/match")
