@@ -840,3 +840,36 @@ async def test_each_supplier_keeps_its_own_share_fleet_wide_with_redis_up_and_go
     finally:
         for worker in fleet:
             await worker.close()
+
+
+async def test_a_workers_single_quotes_wait_ahead_of_its_carts_calls() -> None:
+    """On its own share, a worker hands a freed slot to a single quote before a cart's call."""
+    slots = FleetSlots(
+        2,
+        dict.fromkeys(SUPPLIERS, 1),
+        SUPPLIERS,
+        need_sync=lambda _: None,
+        lapsed=lambda: None,
+        rejoin=5.0,
+        narrow=0.0,
+    )
+    slots.go_local()
+    await asyncio.sleep(0.01)
+    assert slots.local_limit >= 1
+    await asyncio.wait_for(slots.acquire("atlas"), 0.1)
+    order: list[str] = []
+
+    async def wait(name: str, later: bool) -> None:
+        await slots.acquire("atlas", later=later)
+        order.append(name)
+
+    waiting = [asyncio.create_task(wait("cart", True))]
+    await asyncio.sleep(0)
+    waiting.append(asyncio.create_task(wait("single", False)))
+    await asyncio.sleep(0)
+    for _ in range(2):
+        slots.release("atlas")
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+    await asyncio.wait_for(asyncio.gather(*waiting), 1)
+    assert order == ["single", "cart"]

@@ -119,3 +119,45 @@ async def test_a_new_catalogue_keeps_what_stays_and_drains_what_goes() -> None:
     with pytest.raises(KeyError):
         slots.held("goes")
     assert (slots.held("stays"), slots.held("new"), slots.in_use) == (2, 0, 2)
+
+
+async def test_a_carts_waiting_calls_let_single_quotes_go_first() -> None:
+    """``later`` waiters (a cart's calls) get a freed slot only when no single quote's call can."""
+    slots = OutboundSlots(1, dict.fromkeys(SUPPLIERS, 1))
+    await slots.acquire("atlas")
+    order: list[str] = []
+
+    async def wait(name: str, supplier: str, later: bool) -> None:
+        await slots.acquire(supplier, later=later)
+        order.append(name)
+
+    tasks = [
+        asyncio.create_task(wait("cart-1", "atlas", True)),
+        asyncio.create_task(wait("cart-2", "boreal", True)),
+    ]
+    await settle()
+    tasks.append(asyncio.create_task(wait("single", "cedar", False)))
+    await settle()
+    for supplier in ("atlas", "cedar", "atlas", "boreal"):
+        slots.release(supplier)
+        await settle()
+    await asyncio.gather(*tasks)
+    assert order == ["single", "cart-1", "cart-2"]
+    assert slots.in_use == 0
+
+
+async def test_a_carts_call_still_gets_a_slot_no_single_quote_can_use() -> None:
+    """A single quote waiting for its supplier's share does not hold a cart's call back."""
+    slots = OutboundSlots(2, dict.fromkeys(SUPPLIERS, 1))
+    await slots.acquire("atlas")
+    await slots.acquire("boreal")
+    single = asyncio.create_task(slots.acquire("atlas"))  # atlas is at its share
+    cart = asyncio.create_task(slots.acquire("cedar", later=True))
+    await settle()
+    slots.release("boreal")
+    await settle()
+    assert cart.done()
+    assert not single.done()
+    slots.release("atlas")
+    await settle()
+    assert single.done()
