@@ -46,7 +46,7 @@ from bench.stats import ratio, spread
 from bench.wrk import find_wrk, run_wrk
 
 if TYPE_CHECKING:
-    from bench.run import Bench
+    from bench.core import Bench
 
 NAME = "supplier_apis"
 THREE = ("atlas", "boreal", "cedar")

@@ -32,7 +32,7 @@ from bench.stats import ratio, spread
 from bench.wrk import run_wrk
 
 if TYPE_CHECKING:
-    from bench.run import Bench
+    from bench.core import Bench
 
 KEY = "bench-caller-key-0123456789"
 AUTHORIZATION = f"Bearer {KEY}"

@@ -37,7 +37,7 @@ from bench.stats import ratio, spread
 from bench.wrk import run_wrk
 
 if TYPE_CHECKING:
-    from bench.run import Bench
+    from bench.core import Bench
 
 SEVEN = ("atlas", "boreal", "cedar", "dune", "elm", "fjord", "glen")
 CONTENDERS = ("qf7", "bare7", "bare3", "qf3", "before3")

@@ -44,7 +44,7 @@ from bench.wrk import run_wrk
 from quoteflow.config import Settings
 
 if TYPE_CHECKING:
-    from bench.run import Bench
+    from bench.core import Bench
 
 CLEAN, HELD, REOPENING = "clean", "held", "reopening"
 ABUSED = (HELD, REOPENING)

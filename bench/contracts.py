@@ -59,7 +59,7 @@ from bench.stats import ratio, spread
 from bench.wrk import find_wrk, run_wrk
 
 if TYPE_CHECKING:
-    from bench.run import Bench
+    from bench.core import Bench
 
 NAME = "supplier_contracts"
 THREE = ("atlas", "boreal", "cedar")
@@ -625,7 +625,7 @@ def table(summary: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from bench.run import Bench, parse_options
+    from bench.core import Bench, parse_options
     from bench.workloads import Limits
 
     parser = argparse.ArgumentParser(prog="python -m bench.contracts", description=__doc__)
@@ -635,9 +635,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     scratch = Path(tempfile.mkdtemp(prefix="bench-contracts-out-"))
     try:
-        options = parse_options(
-            ["--duration", str(args.duration), "--rounds", "1", "--out", str(scratch)]
-        )
+        # `--only` this section: BENCH_ONLY is bench.run's, whose other sections are not known here.
+        flags = ["--duration", str(args.duration), "--rounds", "1", "--out", str(scratch)]
+        options = parse_options([*flags, "--only", NAME], (NAME,))
         bench = Bench(options, Limits(), find_wrk())
         section = measure(
             bench, rounds=args.rounds, duration_s=args.duration, latency_ms=args.latency_ms

@@ -63,7 +63,7 @@ from quoteflow.catalogue import default_catalogue
 from quoteflow.config import Settings
 
 if TYPE_CHECKING:
-    from bench.run import Bench
+    from bench.core import Bench
 
 FLEET, SPLIT, SINGLE = "fleet", "split", "single"
 CONTENDERS = (FLEET, SPLIT, SINGLE)

@@ -56,7 +56,7 @@ from quoteflow.config import Settings
 from quoteflow.options import parse_settings
 
 if TYPE_CHECKING:
-    from bench.run import Bench
+    from bench.core import Bench
 
 NEITHER, COALESCE, CACHE, BOTH = "neither", "coalesce", "cache", "both"
 CONTENDERS = (NEITHER, COALESCE, CACHE, BOTH)

@@ -63,24 +63,22 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 import attrs
 
 from bench import fleet
+from bench.core import SLOW_FULL_S, Bench, Options
 from bench.procs import HOST, BenchError, Service, free_port, http, start, stop
 from bench.report import Target, _num
 from bench.workloads import Limits
-
-if TYPE_CHECKING:
-    from bench.run import Bench
 
 ROOT = Path(__file__).resolve().parent.parent
 SUPPLIERS = ("atlas", "boreal", "cedar")
 NAME = "slow_suppliers"
 """The section's name: in ``--only``, ``latest.json`` and the table."""
-FULL_S = 10.0
+FULL_S = SLOW_FULL_S
 """The run length issue 28's targets are set for."""
 GRACE_S = 0.15
 """Issue 28: no answer later than the budget + 150 ms at the client."""
@@ -640,8 +638,6 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _standalone_bench(out_dir: Path, duration_s: float) -> Bench:
     """A ``Bench`` with only a lab of its own: enough for ``one_run``."""
-    from bench.run import Bench, Options
-
     options = Options(
         duration_s=duration_s,
         rounds=1,

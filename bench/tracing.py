@@ -45,7 +45,7 @@ from bench.workloads import Workload
 from bench.wrk import run_wrk
 
 if TYPE_CHECKING:
-    from bench.run import Bench
+    from bench.core import Bench
 
 OFF, NONE, ONE, ALL, BASELINE = "off", "0%", "1%", "100%", "baseline"
 TARGET_ONE = 1.05

@@ -6,8 +6,9 @@ import importlib.util
 
 import pytest
 
+from bench.core import event_loops
 from bench.report import loops_line
-from bench.run import event_loops, parse_options
+from bench.run import parse_options
 
 DEFAULT_LOOP = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
 
