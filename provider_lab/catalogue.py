@@ -51,6 +51,18 @@ CATALOGUE: Final[Mapping[str, Mapping[str, Offer]]] = {
         }
         for n in range(1, 51)
     },
+    # BOM-001 … BOM-200: the parts of a bill of materials, for carts (``POST
+    # /api/carts``). Each supplier is cheapest for some parts; cedar ships for
+    # least and atlas for most, so the cheapest line by line (cedar's, often)
+    # is not the cheapest cart (fewer suppliers, each shipping once).
+    **{
+        f"BOM-{n:03d}": {
+            "atlas": Offer(unit_cents=400 + (37 * n) % 300, shipping_cents=900, stock=50_000),
+            "boreal": Offer(unit_cents=400 + (53 * n) % 300, shipping_cents=600, stock=50_000),
+            "cedar": Offer(unit_cents=430 + (71 * n) % 300, shipping_cents=300, stock=50_000),
+        }
+        for n in range(1, 201)
+    },
     "KB-001": {
         "atlas": Offer(unit_cents=1200, shipping_cents=300, stock=20),
         "boreal": Offer(unit_cents=1100, shipping_cents=250, stock=50),

@@ -412,3 +412,42 @@ async def test_with_the_cache_on_a_line_held_fresh_is_not_asked_again(
     answer_body = await post_cart(client, cart("C", "B"))
     assert len(api.arrived) == 2  # every line fresh: the supplier is not asked
     assert answer_body["explain"]["suppliers"]["bulk"]["calls"][0]["stopped"] == "cached"
+
+
+async def test_a_rate_counted_in_items_caps_the_chunk_and_spends_a_turn_per_line(
+    start: Start, api: ForeignApi, batch: BatchApi
+) -> None:
+    """``rate = "4/10s"``, ``rate_unit = "item"``: a chunk is never over 4 lines, nor more sent.
+
+    Six lines: a call of 4 spends the rate's whole burst; the call of 2 finds
+    no turn before the cart's deadline, and its lines are ``rate_limited``.
+    """
+    table = {"max_items": 10, "items": "parts", "rate_unit": "item"}
+    client = await start([bulk(api, rate="4/10s", batch=table)], cart_budget=0.6)
+    answer = await post_cart(client, cart("A", "B", "C", "D", "E", "F"))
+    assert batch.calls() == [["A", "B", "C", "D"]]
+    codes = {line["sku"]: [f["code"] for f in line["failures"]] for line in answer["lines"]}
+    assert codes == {
+        "A": [],
+        "B": [],
+        "C": [],
+        "D": [],
+        "E": ["rate_limited"],
+        "F": ["rate_limited"],
+    }
+
+
+async def test_a_supplier_whose_circuit_is_open_is_not_asked_for_any_line(
+    start: Start, api: ForeignApi, batch: BatchApi
+) -> None:
+    """An open circuit: every line ``circuit_open``, no call; the cart is answered at once."""
+    batch.statuses = [500]
+    client = await start([bulk(api, breaker_failures=1)])
+    response = await client.post("/api/quotes", json={"sku": "X"})
+    assert (await response.json())["failures"] == [{"supplier": "bulk", "code": "http_500"}]
+    answer = await post_cart(client, cart("A", "B", "C"))
+    assert len(api.arrived) == 1
+    assert [line["failures"] for line in answer["lines"]] == [
+        [{"supplier": "bulk", "code": "circuit_open"}]
+    ] * 3
+    assert answer["explain"]["suppliers"] == {}
