@@ -112,7 +112,8 @@ async def metrics(request: web.Request) -> web.Response:
 async def openapi(request: web.Request) -> web.Response:
     """QuoteFlow's OpenAPI document, naming the suppliers of the catalogue served now."""
     suppliers = request.app[SERVICE].lineup.suppliers
-    return web.Response(body=openapi_document(suppliers), content_type="application/json")
+    document = openapi_document(suppliers, request.app[MAX_CART_LINES])
+    return web.Response(body=document, content_type="application/json")
 
 
 async def quotes(request: web.Request) -> web.Response:
@@ -154,7 +155,12 @@ async def quotes_for_caller(request: web.Request) -> web.Response:
 
 
 def cart_body_cap(max_lines: int) -> int:
-    """Bytes a cart's body may have: room for the largest allowed cart, and no more."""
+    """Bytes a cart's body may have: 1 KiB + 256 B per allowed line.
+
+    Room for the largest cart of plain SKUs (64 ASCII characters and a
+    quantity of 100,000 take about 100 bytes a line); a cart of long SKUs
+    in escaped non-ASCII text may not fit, and is told so with a 413.
+    """
     return 1024 + 256 * max_lines
 
 
@@ -184,7 +190,11 @@ async def carts(request: web.Request) -> web.Response:
     request.app[TELEMETRY].cart_served(report)
     body = encode_cart(report.result)
     if request.query.get("explain") in ("1", "true"):
-        body["explain"] = encode_cart_explain(report)
+        body["explain"] = explain = encode_cart_explain(report)
+        current = request.app.get(CURRENT_TRACE)
+        trace_id = None if current is None else current.trace_id()
+        if trace_id is not None:
+            explain["trace_id"] = trace_id
     return _json(body)
 
 
