@@ -46,9 +46,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import attrs
 
 from bench import basket as basket_bench
+from bench.core import Bench
 from bench.procs import BenchError, Service, free_port, http, start, stop
+from bench.report import Target
 from bench.slow import client_loop_factory, loops
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,7 +125,9 @@ class Stack:
             argv += ["--provider-url", lab.url]
         port = free_port()
         self.services.append(
-            start(f"quoteflow-{self.loop}", [*argv, "--port", str(port)], port, self.log_dir, cwd=ROOT)
+            start(
+                f"quoteflow-{self.loop}", [*argv, "--port", str(port)], port, self.log_dir, cwd=ROOT
+            )
         )
         self.url = self.services[-1].url
         status, _, _ = http("PUT", lab.url + "/latency", {"ms": self.latency_ms})
@@ -368,6 +373,65 @@ def judge(case: str, figures: dict[str, Any]) -> list[tuple[str, bool]]:
             ("200×32 median ≤ 50 ms", figures["200x32"]["median_ms"] <= 50),
         ]
     return []
+
+
+def run_carts(bench: Bench) -> dict[str, Any]:
+    """Every case under every loop (the basket's once), each against a fresh lab and QuoteFlow."""
+    runs: dict[str, dict[str, Any]] = {}
+    for case in CASES:
+        for loop in loops() if case != "basket" else ("-",):
+            figures = run_case(case, loop, bench.log_dir)
+            runs.setdefault(case, {})[loop] = figures
+            met = ", ".join(f"{w}: {'met' if ok else 'NOT met'}" for w, ok in judge(case, figures))
+            print(f"carts {case} {loop}: {met or 'reported'}", flush=True)
+    return {"loops": list(loops()), "runs": runs}
+
+
+def summarize(section: dict[str, Any]) -> dict[str, Any]:
+    """The runs by case, then loop (as ``run_carts`` keeps them)."""
+    return {"runs": section["runs"]}
+
+
+_SHOWN: dict[str, tuple[str, ...]] = {
+    "batch100": ("median_s", "fully_quoted_lines", "calls_per_supplier"),
+    "singles100": ("seconds", "quotes", "lab_calls"),
+    "classic100": ("median_s", "fully_quoted_lines", "lab_calls"),
+    "classic100_400": ("median_s", "quotes", "late"),
+    "fairness": ("goodput_ratio",),
+    "basket": ("200x8", "200x32"),
+}
+"""The figures the table shows beside each case's targets."""
+
+
+def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per target and case, asyncio | uvloop beside it; the figures of each case after."""
+    rows: list[Target] = []
+    for case, runs in summary["runs"].items():
+        by_loop = [runs.get("asyncio") or runs.get("-"), runs.get("uvloop")]
+        present = [figures for figures in by_loop if figures is not None]
+        first = present[0] if present else {}
+        for index, (what, _) in enumerate(judge(case, first) if present else []):
+            verdicts = [judge(case, figures)[index][1] for figures in present]
+            shown = [
+                ("met" if judge(case, f)[index][1] else "NOT met") if f is not None else "–"
+                for f in by_loop
+            ]
+            rows.append(
+                Target(
+                    NAME,
+                    f"{case}: {what} (asyncio | uvloop)",
+                    *shown,
+                    "",
+                    "issue 37",
+                    all(verdicts),
+                )
+            )
+        for key in _SHOWN.get(case, ()):
+            values = [json.dumps(f.get(key)) if f is not None else "–" for f in by_loop]
+            rows.append(
+                Target(NAME, f"{case}: {key} (asyncio | uvloop)", *values, "", "reported", None)
+            )
+    return [attrs.asdict(row) for row in rows]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

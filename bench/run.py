@@ -41,6 +41,7 @@ import attrs
 from bench import (
     apis,
     callers,
+    carts,
     catalogue,
     connections,
     contracts,
@@ -66,6 +67,7 @@ SECTIONS = (
     slow.NAME,
     apis.NAME,
     contracts.NAME,
+    carts.NAME,
 )
 """The sections ``main`` runs, by the name ``--only`` takes (besides the workloads')."""
 
@@ -130,6 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `--only slow` (the scenario-slow workload) runs the slow-suppliers section too.
         if not options.only or {"slow", slow.NAME} & set(options.only):
             results[slow.NAME] = slow.run_slow(bench)
+        if not options.only or carts.NAME in options.only:
+            results[carts.NAME] = carts.run_carts(bench)
         results["explain"] = bench.explain_bills()
         if options.profile:
             results["profile"] = bench.profile()
@@ -170,6 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if slow.NAME in results:
         results["summary"][slow.NAME] = slow.summarize(results[slow.NAME])
         results["summary"]["targets"] += slow.targets(results["summary"][slow.NAME])
+    if carts.NAME in results:
+        results["summary"][carts.NAME] = carts.summarize(results[carts.NAME])
+        results["summary"]["targets"] += carts.targets(results["summary"][carts.NAME])
     results["elapsed_s"] = round(time.monotonic() - began, 1)
     options.out_dir.mkdir(parents=True, exist_ok=True)
     out = options.out_dir / "latest.json"
