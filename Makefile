@@ -59,15 +59,16 @@ lab: $(STAMP)
 # (they act only on identical requests in flight and on answers with Cache-Control).
 # A second QuoteFlow (9103) asks the lab's foreign dialects: docs/suppliers.md's
 # three worked suppliers (POST JSON with OAuth2 and price breaks, path with an API key).
+# A third (9104) asks the lab's three in its batch dialect: carts, 20 lines a call.
 run: $(STAMP)
-	$(BIN)/python -m provider_lab.run_pair --lab-port 9101 --port 9100 --dialects-port 9103 -- --coalesce --cache-size 1000
+	$(BIN)/python -m provider_lab.run_pair --lab-port 9101 --port 9100 --dialects-port 9103 --batch-port 9104 -- --coalesce --cache-size 1000
 
 # Fleet mode: redis-server (9102), the lab (9101) and 2 gunicorn workers (9100).
 fleet: $(STAMP) need-redis
 	$(BIN)/python -m provider_lab.run_fleet --lab-port 9101 --port 9100 --redis-port 9102
 
 demo: $(STAMP)
-	$(BIN)/python -m provider_lab.demo --service http://127.0.0.1:9100 --lab http://127.0.0.1:9101 --dialects http://127.0.0.1:9103
+	$(BIN)/python -m provider_lab.demo --service http://127.0.0.1:9100 --lab http://127.0.0.1:9101 --dialects http://127.0.0.1:9103 --batch http://127.0.0.1:9104
 
 # The benchmark (bench/, docs/benchmark.md): needs wrk (apt-get install -y wrk;
 # installed automatically when run as root with apt) and the bench extra.

@@ -16,12 +16,21 @@ requests and shows one. Last, against a second QuoteFlow asking the same lab's
 foreign dialects (``--dialects``; ``make run`` starts it with docs/suppliers.md's
 three worked suppliers): boreal's price breaks at quantity 1 and 10, a 401
 then success, tokens expiring mid-run, and the token endpoint down and back.
+
+Last, carts (``POST /api/carts``): 50 lines through the first QuoteFlow, a call
+per line and supplier; then, against a third QuoteFlow asking the same lab's
+suppliers in its batch dialect (``--batch``; ``make run`` starts it, 20 lines
+a call), the same cart in a few calls, a malformed entry in one of atlas's
+calls (that line alone fails), a batch call of boreal's that 503s once (retried
+with the cart's request id) and a basket that beats each line's best by paying
+each supplier's shipping once.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import math
 import secrets
 import sys
@@ -31,8 +40,9 @@ from typing import Any, Final
 import aiohttp
 import attrs
 
-from provider_lab.catalogue import SUPPLIERS, lookup
+from provider_lab.catalogue import SUPPLIERS, break_price, lookup
 from provider_lab.control_client import LabControl, LabError
+from provider_lab.run_pair import CART_QUANTITY, CART_SKUS
 
 Fault = Mapping[str, object]
 
@@ -1306,11 +1316,402 @@ async def dialect_outcomes(
             yield outcome
 
 
-async def demo(service_url: str, lab_url: str, dialects_url: str | None = None) -> int:
+# -- carts: a bill of materials in one request, and batch suppliers (issue 37) -------------
+
+CART_LINES: Final = tuple(f"BOM-{n:03d}" for n in range(1, 51))
+"""The carts of 50 lines: every supplier sells each, with stock to spare."""
+CART_LEAD: Final = (
+    "carts (POST /api/carts), a bill of materials in one request: best is the basket's "
+    "suppliers (a+b+c: all three), failures any line's, attempts the supplier calls that "
+    "carried the cart's request id (lab /stats), boreal stopped how its calls ended"
+)
+NO_BATCH: Final = (
+    "No QuoteFlow of the batch suppliers at {url} (make run starts one): only the classic "
+    "cart is shown."
+)
+
+CLASSIC_CART: Final = Case(
+    f"cart of {len(CART_LINES)} lines, classic",
+    f"{len(CART_LINES)} lines (BOM-001 ... BOM-050, quantity 1) through the first QuoteFlow: "
+    "each line asked of each supplier as a single quote is",
+    best=None,
+    attempts=dict.fromkeys(SUPPLIERS, len(CART_LINES)),
+)
+BATCH_CART: Final = Case(
+    f"cart of {len(CART_LINES)} lines, batch",
+    "the same cart through the batch suppliers' QuoteFlow: each supplier asked for many lines a "
+    "call, its calls at once",
+    best=None,
+    attempts=None,
+)
+BAD_ENTRY: Final = Case(
+    "batch: malformed entry (atlas)",
+    "batch_malformed_entry once on atlas: in one of its calls the last part's entry had "
+    "unitCents as a string; that line is invalid_data from atlas alone, never retried, and "
+    "every other line of the call kept its quote",
+    best=None,
+    failures={"atlas": "invalid_data"},
+    attempts=None,
+)
+CALL_503: Final = Case(
+    "batch: one call 503s (boreal)",
+    "http_503 once on boreal: one of its calls answered 503 and was retried once, with the "
+    "cart's request id, and got its lines' quotes: every line quoted by all three",
+    best=None,
+    attempts=None,
+)
+CHEAPER_BASKET: Final = Case(
+    "basket beats each line's best",
+    "cedar ships for least and is every line's best on its own; the basket pays each "
+    "supplier's shipping once and buys elsewhere",
+    best=None,
+    attempts=None,
+)
+
+
+@attrs.frozen
+class Basket:
+    """What the cheapest basket of a cart costs, from the lab's catalogue."""
+
+    total_cents: int
+    suppliers: tuple[str, ...]
+
+
+def _unit_cents(supplier: str, sku: str, quantity: int, batch: bool) -> int | None:
+    """What ``supplier`` quotes a unit of ``sku`` at: the batch dialect prices by quantity."""
+    offer = lookup(supplier, sku)
+    if offer is None or offer.stock < quantity:
+        return None
+    return break_price(offer, quantity) if batch else offer.unit_cents
+
+
+def baskets(skus: Sequence[str], quantity: int, batch: bool = True) -> list[Basket]:
+    """Every way to buy ``skus`` from a set of the lab's suppliers, cheapest first.
+
+    For each set, each line goes to the set's lowest unit price, and each supplier used
+    ships once, its largest shipping among its lines (docs/api.md's basket). Exact for
+    carts whose suppliers ship every line for the same price, as the BOM parts.
+    """
+    found: dict[tuple[str, ...], int] = {}
+    for size in range(1, len(SUPPLIERS) + 1):
+        for names in itertools.combinations(SUPPLIERS, size):
+            units, shipping = 0, dict[str, int]()
+            for sku in skus:
+                prices = [(_unit_cents(s, sku, quantity, batch), s) for s in names]
+                offered = [(price, names.index(s), s) for price, s in prices if price is not None]
+                if not offered:
+                    break
+                price, _, supplier = min(offered)
+                units += price * quantity
+                offer = lookup(supplier, sku)
+                assert offer is not None
+                shipping[supplier] = max(shipping.get(supplier, 0), offer.shipping_cents)
+            else:
+                used = tuple(s for s in SUPPLIERS if s in shipping)
+                found[used] = units + sum(shipping.values())
+    ranked = sorted(
+        found.items(),
+        key=lambda item: (item[1], len(item[0]), [SUPPLIERS.index(s) for s in item[0]]),
+    )
+    return [Basket(total, used) for used, total in ranked]
+
+
+async def _cart(
+    session: aiohttp.ClientSession,
+    service_url: str,
+    request_id: str,
+    skus: Sequence[str] = CART_LINES,
+    quantity: int = 1,
+) -> dict[str, Any]:
+    """One cart with its bill, under ``request_id``."""
+    body = {"lines": [{"sku": sku, "quantity": quantity} for sku in skus]}
+    async with session.post(
+        f"{service_url}/api/carts?explain=1", json=body, headers={"X-Request-ID": request_id}
+    ) as response:
+        result: dict[str, Any] = await response.json()
+        if response.status != 200:
+            raise LabError(f"QuoteFlow answered {response.status}: {result}")
+        return result
+
+
+def _basket_suppliers(result: dict[str, Any]) -> tuple[str, ...]:
+    picked = {pick["supplier"] for pick in result["basket"]["picks"]}
+    return tuple(s for s in SUPPLIERS if s in picked)
+
+
+def _initials(suppliers: Sequence[str]) -> str:
+    return suppliers[0] if len(suppliers) == 1 else "+".join(s[0] for s in suppliers) or "-"
+
+
+def _line_failures(result: dict[str, Any]) -> dict[str, list[tuple[str, str]]]:
+    """Per supplier, the lines it failed and with which code, in cart order."""
+    failed: dict[str, list[tuple[str, str]]] = {}
+    for line in result["lines"]:
+        for failure in line["failures"]:
+            failed.setdefault(failure["supplier"], []).append((line["sku"], failure["code"]))
+    return failed
+
+
+def _calls(result: dict[str, Any], supplier: str) -> list[dict[str, Any]]:
+    calls: list[dict[str, Any]] = result["explain"]["suppliers"].get(supplier, {}).get("calls", [])
+    return calls
+
+
+def _cart_row(
+    case: Case,
+    result: dict[str, Any],
+    attempts: dict[str, int],
+    problems: list[str],
+    notes: Sequence[str] = (),
+) -> Outcome:
+    """The table row of a cart: checks every line's quotes and failures against ``case``."""
+    failed = _line_failures(result)
+    failures = {supplier: lines[0][1] for supplier, lines in failed.items()}
+    if failures != dict(case.failures):
+        problems.append(f"failures {failed}, expected one line each of {dict(case.failures)}")
+    for supplier, expected in (case.attempts or {}).items():
+        if attempts[supplier] != expected:
+            problems.append(f"{supplier} got {attempts[supplier]} calls, expected {expected}")
+    failing = {sku for lines in failed.values() for sku, _ in lines}
+    short = [
+        line["sku"]
+        for line in result["lines"]
+        if line["sku"] not in failing and len(line["quotes"]) != len(SUPPLIERS)
+    ]
+    if short:
+        problems.append(f"lines without every supplier's quote and no failure: {short}")
+    if not result["basket"]["complete"] or not result["basket"]["optimal"]:
+        problems.append(f"basket not complete and optimal: {result['basket']}")
+    stopped = sorted({str(call["stopped"]) for call in _calls(result, case.focus)})
+    return Outcome(
+        case,
+        _initials(_basket_suppliers(result)),
+        failures,
+        attempts,
+        ",".join(stopped) or "-",
+        float(result["elapsed_ms"]),
+        problems,
+        list(notes),
+    )
+
+
+def _quoted_lines(result: dict[str, Any]) -> int:
+    return sum(1 for line in result["lines"] if line["quotes"])
+
+
+async def classic_cart(
+    session: aiohttp.ClientSession, lab: LabControl, service_url: str
+) -> Outcome:
+    """50 lines through the first QuoteFlow: a call per line and supplier."""
+    await lab.fresh()
+    result = await _cart(session, service_url, f"cart-classic-{secrets.token_hex(3)}")
+    await lab.wait_idle()
+    attempts = await lab.attempts(result["request_id"])
+    problems = []
+    expected = baskets(CART_LINES, 1, batch=False)[0]
+    if result["basket"]["total_cents"] != expected.total_cents:
+        problems.append(
+            f"basket total_cents {result['basket']['total_cents']}, expected {expected.total_cents}"
+        )
+    calls = sum(attempts.values())
+    notes = [
+        f"{_quoted_lines(result)} of {len(CART_LINES)} lines quoted; {calls} supplier calls "
+        f"({'/'.join(str(attempts[s]) for s in SUPPLIERS)}); basket "
+        f"{result['basket']['total_cents']} cents from {', '.join(_basket_suppliers(result))}"
+    ]
+    return _cart_row(CLASSIC_CART, result, attempts, problems, notes)
+
+
+async def batch_cart(
+    session: aiohttp.ClientSession,
+    lab: LabControl,
+    batch_url: str,
+    classic: Outcome | None = None,
+) -> Outcome:
+    """The same 50 lines through the batch suppliers' QuoteFlow: a few calls per supplier."""
+    await lab.fresh()
+    result = await _cart(session, batch_url, f"cart-batch-{secrets.token_hex(3)}")
+    await lab.wait_idle()
+    attempts = await lab.attempts(result["request_id"])
+    sizes = await lab.batch_sizes_of(result["request_id"])
+    problems = []
+    for supplier in SUPPLIERS:
+        parts = sizes.get(supplier, [])
+        if sum(parts) != len(CART_LINES) or len(parts) != attempts[supplier]:
+            problems.append(
+                f"{supplier}'s batch calls carried {parts} parts, expected {len(CART_LINES)} "
+                f"lines in all, each once, in {attempts[supplier]} calls"
+            )
+    expected = baskets(CART_LINES, 1)[0]
+    if result["basket"]["total_cents"] != expected.total_cents:
+        problems.append(
+            f"basket total_cents {result['basket']['total_cents']}, expected {expected.total_cents}"
+        )
+    calls = sum(attempts.values())
+    said = ", ".join(
+        f"{s} {'+'.join(map(str, sorted(sizes.get(s, []), reverse=True)))}" for s in SUPPLIERS
+    )
+    notes = [
+        f"{_quoted_lines(result)} of {len(CART_LINES)} lines quoted; {calls} supplier calls, "
+        f"their parts: {said} (lab batch_sizes_per_id); the same basket, "
+        f"{result['basket']['total_cents']} cents"
+    ]
+    if classic is not None:
+        notes.append(
+            f"classic: {sum(classic.attempts.values())} calls, {classic.elapsed_ms:.0f} ms; "
+            f"batch: {calls} calls, {float(result['elapsed_ms']):.0f} ms"
+        )
+    return _cart_row(BATCH_CART, result, attempts, problems, notes)
+
+
+async def bad_entry(session: aiohttp.ClientSession, lab: LabControl, batch_url: str) -> Outcome:
+    """One malformed entry in one of atlas's calls: its line alone fails, for atlas alone."""
+    await lab.fresh()
+    await lab.add_fault("atlas", {"kind": "batch_malformed_entry", "count": 1})
+    try:
+        result = await _cart(session, batch_url, f"cart-entry-{secrets.token_hex(3)}")
+    finally:
+        await lab.clear_faults()
+    await lab.wait_idle()
+    attempts = await lab.attempts(result["request_id"])
+    problems = []
+    failed = [sku for sku, _ in _line_failures(result).get("atlas", [])]
+    spoiled = [call for call in _calls(result, "atlas") if call["lines"][-1:] == failed[:1]]
+    notes = []
+    if len(failed) != 1:
+        problems.append(f"atlas failed {len(failed)} lines, expected 1: {failed}")
+    elif not spoiled:
+        problems.append(f"{failed[0]} is not the last line of any of atlas's calls")
+    else:
+        sku = failed[0]
+        line = next(line for line in result["lines"] if line["sku"] == sku)
+        quoted = [s for s in SUPPLIERS if any(q["supplier"] == s for q in line["quotes"])]
+        if quoted != ["boreal", "cedar"]:
+            problems.append(f"{sku} was quoted by {quoted}, expected boreal and cedar")
+        lines = spoiled[0]["lines"]
+        notes.append(
+            f"atlas's call of {len(lines)} ({lines[0]} ... {lines[-1]}): {sku}, its last part, "
+            f"invalid_data from atlas, quoted by {' and '.join(quoted)}; the other "
+            f"{len(result['lines']) - 1} lines (the call's {len(lines) - 1} among them) quoted "
+            "by all three"
+        )
+    if attempts["atlas"] != len(_calls(result, "atlas")):
+        problems.append(
+            f"atlas got {attempts['atlas']} calls for {len(_calls(result, 'atlas'))} chunks: "
+            "bad data was retried"
+        )
+    return _cart_row(BAD_ENTRY, result, attempts, problems, notes)
+
+
+async def call_503(session: aiohttp.ClientSession, lab: LabControl, batch_url: str) -> Outcome:
+    """One of boreal's calls answers 503 once: retried with the cart's id, every line quoted."""
+    await lab.fresh()
+    notes = []
+    if note := await earn_a_retry(session, batch_url, "boreal"):
+        notes.append(note)
+        await lab.fresh()
+    await lab.add_fault("boreal", {"kind": "http_503", "count": 1})
+    try:
+        result = await _cart(session, batch_url, f"cart-503-{secrets.token_hex(3)}")
+    finally:
+        await lab.clear_faults()
+    await lab.wait_idle()
+    attempts = await lab.attempts(result["request_id"])
+    sizes = await lab.batch_sizes_of(result["request_id"])
+    problems = []
+    calls = _calls(result, "boreal")
+    retried = [call for call in calls if len(call["attempts"]) > 1]
+    statuses = [[a.get("status") for a in call["attempts"]] for call in retried]
+    if statuses != [[503, 200]]:
+        problems.append(f"boreal's retried calls had statuses {statuses}, expected one [503, 200]")
+        throttled = {str(call["stopped"]) for call in calls} & set(THROTTLED)
+        notes += [f"boreal: {THROTTLED[reason]}" for reason in sorted(throttled)]
+    if attempts["boreal"] != len(calls) + 1:
+        problems.append(
+            f"boreal got {attempts['boreal']} calls for {len(calls)} chunks, expected one more"
+        )
+    if retried and not problems:
+        lines = retried[0]["lines"]
+        backoff = retried[0]["attempts"][0].get("backoff_ms") or 0.0
+        notes.append(
+            f"boreal's call of {len(lines)} ({lines[0]} ... {lines[-1]}): 503, then after "
+            f"{backoff:.0f} ms the same call again with the same X-Request-ID: 200; the parts "
+            f"of boreal's calls at the lab: {'+'.join(map(str, sizes.get('boreal', [])))}"
+        )
+    return _cart_row(CALL_503, result, attempts, problems, notes)
+
+
+async def cheaper_basket(
+    session: aiohttp.ClientSession, lab: LabControl, batch_url: str
+) -> Outcome:
+    """A cart whose cheapest basket is not its lines' best quotes: shipping paid once."""
+    await lab.fresh()
+    result = await _cart(
+        session, batch_url, f"cart-basket-{secrets.token_hex(3)}", CART_SKUS, CART_QUANTITY
+    )
+    await lab.wait_idle()
+    attempts = await lab.attempts(result["request_id"])
+    basket = result["basket"]
+    expected, *others = baskets(CART_SKUS, CART_QUANTITY)
+    per_line = [line["best"]["supplier"] if line["best"] else None for line in result["lines"]]
+    problems = []
+    if (_basket_suppliers(result), basket["total_cents"]) != (
+        expected.suppliers,
+        expected.total_cents,
+    ):
+        problems.append(
+            f"basket {basket['total_cents']} cents from {_basket_suppliers(result)}, expected "
+            f"{expected.total_cents} from {expected.suppliers}"
+        )
+    if basket["total_cents"] >= basket["per_line_total_cents"]:
+        problems.append("the basket costs no less than each line's best")
+    if set(per_line) & set(expected.suppliers):
+        problems.append(f"each line's best was {per_line}: the basket did not buy elsewhere")
+    shipping = ", ".join(f"{s['supplier']} {s['shipping_cents']}" for s in basket["shipping"])
+    best_of_lines = sorted({s for s in per_line if s})
+    runner_up = others[0] if others else None
+    notes = [
+        f"{len(CART_SKUS)} lines ({CART_SKUS[0]} ... {CART_SKUS[-1]}, quantity {CART_QUANTITY}): "
+        f"each line's best {', '.join(best_of_lines)}, per_line_total_cents "
+        f"{basket['per_line_total_cents']} (shipping paid on every line); the basket "
+        f"{basket['total_cents']} from {', '.join(_basket_suppliers(result))}, shipping once "
+        f"({shipping}), {basket['per_line_total_cents'] - basket['total_cents']} less"
+        + (
+            ""
+            if runner_up is None
+            else f"; the next cheapest, {'+'.join(runner_up.suppliers)}: {runner_up.total_cents}"
+        )
+    ]
+    return _cart_row(CHEAPER_BASKET, result, attempts, problems, notes)
+
+
+async def cart_outcomes(
+    session: aiohttp.ClientSession, lab: LabControl, service_url: str, batch_url: str | None
+) -> AsyncIterator[Outcome]:
+    """The classic cart against the first QuoteFlow; the batch cases against ``batch_url``."""
+    classic = await classic_cart(session, lab, service_url)
+    yield classic
+    if batch_url is None:
+        return
+    yield await batch_cart(session, lab, batch_url, classic)
+    for run in (bad_entry, call_503, cheaper_basket):
+        yield await run(session, lab, batch_url)
+
+
+async def demo(
+    service_url: str,
+    lab_url: str,
+    dialects_url: str | None = None,
+    batch_url: str | None = None,
+) -> int:
     """Run every case in order and print the table; 0 if all behaved as expected.
 
     ``dialects_url``: a QuoteFlow asking docs/suppliers.md's worked suppliers at
-    the same lab (``make run`` starts one); its cases come last.
+    the same lab (``make run`` starts one); its cases come after the first
+    QuoteFlow's. ``batch_url``: a QuoteFlow asking the same lab's suppliers in
+    its batch dialect (``make run`` starts one); given, the cart cases come
+    last: the classic cart against ``service_url`` (it needs nothing else),
+    the batch ones against ``batch_url`` if a QuoteFlow answers there.
     """
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         lab = LabControl(session, lab_url)
@@ -1345,6 +1746,11 @@ async def demo(service_url: str, lab_url: str, dialects_url: str | None = None) 
                     "one): the cases of the lab's dialects are left out."
                 )
                 dialects_url = None
+            carts = batch_url is not None
+            if batch_url and not await worked_suppliers_at(session, batch_url):
+                missing.append(batch_url)
+                print(NO_BATCH.format(url=batch_url))
+                batch_url = None
             if missing:
                 print()
         else:
@@ -1358,6 +1764,7 @@ async def demo(service_url: str, lab_url: str, dialects_url: str | None = None) 
             cases = catalogue_cases(suppliers)
             runs = []  # the coalescing and cache cases are written for the lesson's three
             dialects_url = None  # so are the worked suppliers
+            carts = False  # and the carts
         print(_row(["-" * w for w in WIDTHS]))
         for case in cases:
             outcome = await run_case(session, lab, service_url, case, suppliers)
@@ -1377,6 +1784,14 @@ async def demo(service_url: str, lab_url: str, dialects_url: str | None = None) 
             async for outcome in dialect_outcomes(session, lab, dialects_url):
                 outcomes.append(outcome)
                 print("\n".join(format_outcome(outcome)), flush=True)
+        if carts:
+            where = f"the classic QuoteFlow {service_url} asks each line apart" + (
+                "" if batch_url is None else f", the batch suppliers' {batch_url} many a call"
+            )
+            print(f"{CART_LEAD}; {where}:", flush=True)
+            async for outcome in cart_outcomes(session, lab, service_url, batch_url):
+                outcomes.append(outcome)
+                print("\n".join(format_outcome(outcome)), flush=True)
         await lab.fresh()
     wrong = [o.case.name for o in outcomes if o.problems]
     print()
@@ -1388,7 +1803,8 @@ async def demo(service_url: str, lab_url: str, dialects_url: str | None = None) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m provider_lab.demo [--service URL] [--lab URL]``."""
+    """``python -m provider_lab.demo [--service URL] [--lab URL] [--dialects URL]
+    [--batch URL]``."""
     parser = argparse.ArgumentParser(
         prog="python -m provider_lab.demo",
         description="Drive every scenario and fault through a running QuoteFlow and lab.",
@@ -1401,9 +1817,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the URL of a QuoteFlow asking docs/suppliers.md's worked suppliers at the same lab "
         "(make run starts one; '': leave their cases out)",
     )
+    parser.add_argument(
+        "--batch",
+        default="http://127.0.0.1:9104",
+        help="the URL of a QuoteFlow asking the same lab's suppliers in its batch dialect "
+        "(make run starts one); the cart cases come last ('': leave them out)",
+    )
     args = parser.parse_args(argv)
     return asyncio.run(
-        demo(args.service.rstrip("/"), args.lab.rstrip("/"), args.dialects.rstrip("/") or None)
+        demo(
+            args.service.rstrip("/"),
+            args.lab.rstrip("/"),
+            args.dialects.rstrip("/") or None,
+            args.batch.rstrip("/") or None,
+        )
     )
 
 

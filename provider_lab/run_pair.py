@@ -5,12 +5,15 @@ lab) as child processes, and a second QuoteFlow asking the lab's foreign
 dialects: docs/suppliers.md's three worked suppliers (atlas classic; boreal
 POST JSON with an OAuth2 token and price breaks; cedar with the SKU in the
 path and an API key), from a catalogue file written for the lab's address,
-with the lab's two secrets in its environment. That one starts once the lab
-answers, so its first token fetch finds the token endpoint up. Waits until
-all answer ``GET /health``, prints where they are and ready-to-paste ``curl``
-lines, and on SIGINT/SIGTERM stops both QuoteFlows, then the lab, escalating
-to SIGKILL after a few seconds. If any child dies, the others are stopped too.
-QuoteFlow is only ever a process here, never imported.
+with the lab's two secrets in its environment, and a third QuoteFlow asking
+atlas, boreal and cedar in the lab's batch dialect (docs/suppliers.md's "Batch
+suppliers": up to 20 lines of a cart per call), from a catalogue file written
+for the lab's address too. Those two start once the lab answers, so the first
+token fetch finds the token endpoint up. Waits until all answer ``GET
+/health``, prints where they are and ready-to-paste ``curl`` lines, and on
+SIGINT/SIGTERM stops the QuoteFlows, then the lab, escalating to SIGKILL after
+a few seconds. If any child dies, the others are stopped too. QuoteFlow is
+only ever a process here, never imported.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -78,10 +82,53 @@ LAB_SECRETS: Final = {
 DIALECTS_PORT: Final = 9103
 """The worked suppliers' QuoteFlow (9102 is ``make fleet``'s redis-server)."""
 
+BATCH_MAX_ITEMS: Final = 20
+BATCH_SUPPLIERS: Final = """\
+# The lab's batch dialect: many parts per call, read by its adapter.
+[[supplier]]
+name = "atlas"
+method = "POST"
+url = "http://127.0.0.1:9101/batch/atlas/match"
+adapter = "provider_lab.adapters:batch_dialect"
+body = { parts = [ { mpn = "{sku}", qty = "{quantity}" } ], scenario = "{scenario}" }
+batch = { max_items = 20, items = "parts" }
+
+[[supplier]]
+name = "boreal"
+method = "POST"
+url = "http://127.0.0.1:9101/batch/boreal/match"
+adapter = "provider_lab.adapters:batch_dialect"
+body = { parts = [ { mpn = "{sku}", qty = "{quantity}" } ], scenario = "{scenario}" }
+batch = { max_items = 20, items = "parts" }
+
+[[supplier]]
+name = "cedar"
+method = "POST"
+url = "http://127.0.0.1:9101/batch/cedar/match"
+adapter = "provider_lab.adapters:batch_dialect"
+body = { parts = [ { mpn = "{sku}", qty = "{quantity}" } ], scenario = "{scenario}" }
+batch = { max_items = 20, items = "parts" }
+"""
+"""The lab's three suppliers in its batch dialect (docs/suppliers.md's "Batch suppliers"):
+a cart's lines in calls of up to ``BATCH_MAX_ITEMS``, a single quote as a call of one."""
+
+BATCH_PORT: Final = 9104
+"""The batch suppliers' QuoteFlow."""
+
+CART_SKUS: Final = tuple(f"BOM-{n:03d}" for n in range(1, 6))
+CART_QUANTITY: Final = 2
+"""The banner's cart: line by line cedar (shipping for least) is cheapest, but bought all
+from atlas (shipping for most, lower unit prices), shipping paid once, it costs less."""
+
 
 def worked_catalogue(lab_url: str) -> str:
     """The three worked suppliers' catalogue, pointed at the lab at ``lab_url``."""
     return WORKED_SUPPLIERS.replace(WRITTEN_FOR, lab_url)
+
+
+def batch_catalogue(lab_url: str) -> str:
+    """The batch suppliers' catalogue, pointed at the lab at ``lab_url``."""
+    return BATCH_SUPPLIERS.replace(WRITTEN_FOR, lab_url)
 
 
 async def wait_ready(
@@ -112,8 +159,18 @@ async def stop_child(process: asyncio.subprocess.Process, within_s: float = STOP
             await process.wait()
 
 
+def cart_body(skus: Sequence[str] = CART_SKUS, quantity: int = CART_QUANTITY) -> str:
+    """A cart of ``skus``, each at ``quantity``, as compact JSON (the banner's curl)."""
+    lines = [{"sku": sku, "quantity": quantity} for sku in skus]
+    return json.dumps({"lines": lines}, separators=(",", ":"))
+
+
 def _banner(
-    lab_url: str, service_url: str, extra: Sequence[str] = (), dialects_url: str | None = None
+    lab_url: str,
+    service_url: str,
+    extra: Sequence[str] = (),
+    dialects_url: str | None = None,
+    batch_url: str | None = None,
 ) -> str:
     body = '{"quantity":2,"scenario":"flaky"}'
     lines = [
@@ -124,6 +181,11 @@ def _banner(
         lines.append(
             f"QuoteFlow     {dialects_url}   (docs/suppliers.md's worked suppliers: "
             "boreal by POST JSON + OAuth2, cedar by path + API key)"
+        )
+    if batch_url is not None:
+        lines.append(
+            f"QuoteFlow     {batch_url}   (batch suppliers: atlas, boreal and cedar in the lab's "
+            f"batch dialect, up to {BATCH_MAX_ITEMS} cart lines a call)"
         )
     lines += [
         "",
@@ -151,7 +213,18 @@ def _banner(
             f"  curl -s -X POST '{dialects_url}/api/quotes?explain=1' "
             f"-H 'Content-Type: application/json' -d '{ten}'",
         ]
-    everyone = "both" if dialects_url is None else "all three"
+    if batch_url is not None:
+        lines += [
+            f"and, to try a cart ({len(CART_SKUS)} lines, one call to each batch supplier: cedar, "
+            "shipping for least, is each line's best;",
+            "the basket buys all from atlas, its shipping paid once: total_cents under "
+            "per_line_total_cents):",
+            f"  curl -s -X POST {batch_url}/api/carts "
+            f"-H 'Content-Type: application/json' -d '{cart_body()}'",
+        ]
+    everyone = {0: "both", 1: "all three", 2: "all four"}[
+        (dialects_url is not None) + (batch_url is not None)
+    ]
     lines += [
         "",
         f"make demo drives every scenario and fault against them. Ctrl-C stops {everyone}.",
@@ -165,11 +238,13 @@ async def run(
     service_port: int,
     extra: Sequence[str],
     dialects_port: int | None = DIALECTS_PORT,
+    batch_port: int | None = BATCH_PORT,
 ) -> int:
     """Start them all, wait for a signal or a child's death, stop them all; the exit code."""
     lab_url = f"http://{host}:{lab_port}"
     service_url = f"http://{host}:{service_port}"
     dialects_url = None if dialects_port is None else f"http://{host}:{dialects_port}"
+    batch_url = None if batch_port is None else f"http://{host}:{batch_port}"
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -193,8 +268,10 @@ async def run(
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as session:
                 service_ready = asyncio.create_task(wait_ready(service_url, services[0], session))
                 ready = {"provider lab": await wait_ready(lab_url, lab, session)}
+                # Started once the lab answers (the first token fetch finds its endpoint
+                # up), in this order, then waited for together.
+                later: dict[str, tuple[str, asyncio.subprocess.Process]] = {}
                 if dialects_port is not None and dialects_url is not None and ready["provider lab"]:
-                    # Once the lab answers: the first token fetch finds its endpoint up.
                     catalogue = Path(folder) / "worked-suppliers.toml"
                     catalogue.write_text(worked_catalogue(lab_url))
                     services.append(
@@ -206,15 +283,24 @@ async def run(
                             env={**os.environ, **LAB_SECRETS},
                         )
                     )
-                    ready["QuoteFlow of the worked suppliers"] = await wait_ready(
-                        dialects_url, services[1], session
+                    later["QuoteFlow of the worked suppliers"] = (dialects_url, services[-1])
+                if batch_port is not None and batch_url is not None and ready["provider lab"]:
+                    catalogue = Path(folder) / "batch-suppliers.toml"
+                    catalogue.write_text(batch_catalogue(lab_url))
+                    services.append(
+                        await quoteflow(batch_port, *extra, "--suppliers", str(catalogue))
                     )
+                    later["QuoteFlow of the batch suppliers"] = (batch_url, services[-1])
+                answered = await asyncio.gather(
+                    *(wait_ready(url, child, session) for url, child in later.values())
+                )
+                ready.update(zip(later, answered, strict=True))
                 ready["QuoteFlow"] = await service_ready
             if not all(ready.values()):
                 missing = [name for name, ok in ready.items() if not ok]
                 print(f"run: {' and '.join(missing)} did not start; stopping", file=sys.stderr)
                 return 1
-            print(_banner(lab_url, service_url, extra, dialects_url), flush=True)
+            print(_banner(lab_url, service_url, extra, dialects_url, batch_url), flush=True)
             waiters: list[asyncio.Task[object]] = [asyncio.create_task(stop.wait())]
             waiters += [asyncio.create_task(child.wait()) for child in (*services, lab)]
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
@@ -223,7 +309,7 @@ async def run(
             if not stop.is_set():
                 print("run: a process exited; stopping the others", file=sys.stderr)
                 return 1
-            both = "both QuoteFlows" if len(services) > 1 else "QuoteFlow"
+            both = {1: "QuoteFlow", 2: "both QuoteFlows"}.get(len(services), "the QuoteFlows")
             print(f"\nrun: stopping {both} and the provider lab", flush=True)
             return 0
         finally:
@@ -233,7 +319,7 @@ async def run(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m provider_lab.run_pair [--host] [--lab-port] [--port] [--dialects-port]
-    [-- quoteflow flags]``."""
+    [--batch-port] [-- quoteflow flags]``."""
     parser = argparse.ArgumentParser(
         prog="python -m provider_lab.run_pair",
         description="Run the provider lab and QuoteFlow together until Ctrl-C.",
@@ -247,10 +333,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=DIALECTS_PORT,
         help=f"the port of the QuoteFlow asking the worked suppliers ({DIALECTS_PORT}); 0: none",
     )
-    parser.add_argument("extra", nargs="*", help="more QuoteFlow flags (both QuoteFlows), after --")
+    parser.add_argument(
+        "--batch-port",
+        type=int,
+        default=BATCH_PORT,
+        help=f"the port of the QuoteFlow asking the batch suppliers ({BATCH_PORT}); 0: none",
+    )
+    parser.add_argument("extra", nargs="*", help="more QuoteFlow flags (every QuoteFlow), after --")
     args = parser.parse_args(argv)
     dialects = args.dialects_port or None
-    return asyncio.run(run(args.host, args.lab_port, args.port, args.extra, dialects))
+    batch = args.batch_port or None
+    return asyncio.run(run(args.host, args.lab_port, args.port, args.extra, dialects, batch))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """``make run`` and ``make demo``: the pair as one process tree, the README's curl, clean stops.
 
 ``make run`` also starts a second QuoteFlow asking docs/suppliers.md's worked
-suppliers; the demo's last cases (price breaks, tokens) run against it.
+suppliers, whose demo cases (price breaks, tokens) run against it, and a third
+asking the lab's suppliers in its batch dialect, for the demo's last cases: carts.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import shlex
 import signal
 import socket
 import sys
+import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,7 +22,13 @@ import aiohttp
 import attrs
 import pytest
 
-from provider_lab.run_pair import WORKED_SUPPLIERS
+from provider_lab.run_pair import (
+    BATCH_MAX_ITEMS,
+    BATCH_SUPPLIERS,
+    CART_SKUS,
+    WORKED_SUPPLIERS,
+    batch_catalogue,
+)
 from tests.e2e.conftest import free_port
 from tests.test_worked_suppliers import worked_catalogue
 
@@ -52,6 +60,13 @@ class Running:
     port: int
     dialects_port: int = 0
     """The worked suppliers' QuoteFlow (``run_pair`` only; 0: none)."""
+    batch_port: int = 0
+    """The batch suppliers' QuoteFlow (``run_pair`` only; 0: none)."""
+
+    @property
+    def quoteflow_ports(self) -> tuple[int, ...]:
+        """Every QuoteFlow's port."""
+        return tuple(port for port in (self.port, self.dialects_port, self.batch_port) if port)
 
     async def line_containing(self, text: str, within_s: float = 20.0) -> str:
         """Wait for an output line containing ``text``."""
@@ -73,7 +88,7 @@ async def _drain(stream: asyncio.StreamReader, lines: list[str]) -> None:
 
 
 async def start_pair(
-    lab_port: int, port: int, dialects_port: int
+    lab_port: int, port: int, dialects_port: int, batch_port: int
 ) -> tuple[Running, asyncio.Task[None]]:
     """Start ``run_pair`` and keep reading what it and its children print."""
     process = await asyncio.create_subprocess_exec(
@@ -86,6 +101,8 @@ async def start_pair(
         str(port),
         "--dialects-port",
         str(dialects_port),
+        "--batch-port",
+        str(batch_port),
         # As `make run` starts it: with coalescing and the quote cache.
         "--",
         "--coalesce",
@@ -97,7 +114,7 @@ async def start_pair(
         # too, which hold the output pipe the reader waits on.
         start_new_session=True,
     )
-    running = Running(process, [], lab_port, port, dialects_port)
+    running = Running(process, [], lab_port, port, dialects_port, batch_port)
     assert process.stdout is not None
     return running, asyncio.create_task(_drain(process.stdout, running.lines))
 
@@ -113,7 +130,7 @@ async def stop_pair(running: Running, reader: asyncio.Task[None]) -> None:
 @pytest.fixture
 async def running_pair() -> AsyncIterator[Running]:
     """``run_pair`` on free ports; killed at the end if a test left it running."""
-    running, reader = await start_pair(free_port(), free_port(), free_port())
+    running, reader = await start_pair(free_port(), free_port(), free_port(), free_port())
     try:
         yield running
     finally:
@@ -146,10 +163,27 @@ async def test_run_pair_serves_the_readme_curl_and_stops_cleanly(running_pair: R
     assert result["best"]["supplier"] == "boreal"
     assert result["best"]["unit_cents"] == 990
     assert result["failures"] == []
+    # The batch suppliers' cart: each line's best is cedar's, the basket atlas's alone.
+    line = await running_pair.line_containing(f":{running_pair.batch_port}/api/carts ")
+    args = shlex.split(line)
+    url, body = args[args.index("POST") + 1], args[args.index("-d") + 1]
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, data=body, headers={"Content-Type": "application/json"}) as response,
+    ):
+        result = await response.json()
+    assert [line["sku"] for line in result["lines"]] == list(CART_SKUS)
+    assert {line["best"]["supplier"] for line in result["lines"]} == {"cedar"}
+    assert all(len(line["quotes"]) == 3 for line in result["lines"])
+    basket = result["basket"]
+    assert {pick["supplier"] for pick in basket["picks"]} == {"atlas"}
+    assert basket["shipping"] == [{"supplier": "atlas", "shipping_cents": 900}]
+    assert basket["total_cents"] < basket["per_line_total_cents"]
 
     running_pair.process.send_signal(signal.SIGINT)
     assert await asyncio.wait_for(running_pair.process.wait(), 15) == 0
-    for port in (running_pair.port, running_pair.lab_port, running_pair.dialects_port):
+    assert "run: stopping the QuoteFlows and the provider lab" in running_pair.lines
+    for port in (running_pair.lab_port, *running_pair.quoteflow_ports):
         assert refuses(port)
         assert processes_mentioning(f"--port {port}") == []
 
@@ -159,9 +193,26 @@ def test_run_pair_starts_the_worked_suppliers_as_the_page_has_them() -> None:
     assert worked_catalogue() == WORKED_SUPPLIERS
 
 
+def test_run_pair_asks_the_batch_suppliers_in_the_labs_batch_dialect() -> None:
+    """The third QuoteFlow's catalogue: the lab's three at its address, 20 lines a call."""
+    suppliers = tomllib.loads(batch_catalogue("http://127.0.0.1:9201"))["supplier"]
+    assert [s["name"] for s in suppliers] == ["atlas", "boreal", "cedar"]
+    for supplier in suppliers:
+        assert supplier == {
+            "name": supplier["name"],
+            "method": "POST",
+            "url": f"http://127.0.0.1:9201/batch/{supplier['name']}/match",
+            "adapter": "provider_lab.adapters:batch_dialect",
+            "body": {"parts": [{"mpn": "{sku}", "qty": "{quantity}"}], "scenario": "{scenario}"},
+            "batch": {"max_items": BATCH_MAX_ITEMS, "items": "parts"},
+        }
+    assert BATCH_MAX_ITEMS == 20
+    assert batch_catalogue("http://127.0.0.1:9101") == BATCH_SUPPLIERS
+
+
 async def test_demo_shows_every_case_as_expected(running_pair: Running) -> None:
     """``make demo`` against the running pair: every case behaves as the contract says."""
-    await running_pair.line_containing("Ctrl-C stops all three")
+    await running_pair.line_containing("Ctrl-C stops all four")
     demo = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -172,6 +223,8 @@ async def test_demo_shows_every_case_as_expected(running_pair: Running) -> None:
         f"http://127.0.0.1:{running_pair.lab_port}",
         "--dialects",
         f"http://127.0.0.1:{running_pair.dialects_port}",
+        "--batch",
+        f"http://127.0.0.1:{running_pair.batch_port}",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
@@ -192,6 +245,16 @@ async def test_demo_shows_every_case_as_expected(running_pair: Running) -> None:
         "token endpoint back",
     ):
         assert case in text
+    for case in (
+        "cart of 50 lines, classic ",
+        "cart of 50 lines, batch ",
+        "batch: malformed entry (atlas)",
+        "batch: one call 503s (boreal)",
+        "basket beats each line's best",
+    ):
+        assert case in text
+    assert "50/50/50" in text  # the classic cart: a call per line and supplier
+    assert "atlas 20+20+10, boreal 20+20+10, cedar 20+20+10" in text
     running_pair.process.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(running_pair.process.wait(), 15) == 0
 
@@ -218,15 +281,35 @@ async def test_a_child_that_cannot_start_stops_the_other() -> None:
     """If the lab's port is taken, ``run_pair`` exits 1 and leaves no QuoteFlow behind."""
     blocker = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
     lab_port = blocker.sockets[0].getsockname()[1]
-    running, reader = await start_pair(lab_port, free_port(), free_port())
+    running, reader = await start_pair(lab_port, free_port(), free_port(), free_port())
     try:
         assert await asyncio.wait_for(running.process.wait(), 30) == 1
         # Checked before the teardown, which would stop a QuoteFlow left behind;
         # the children hold the output pipe, so the reader ends once none is left.
         await asyncio.wait_for(asyncio.shield(reader), 10)
-        for port in (running.port, running.dialects_port):
+        for port in running.quoteflow_ports:
             assert refuses(port)
             assert processes_mentioning(f"--port {port}") == []
+    finally:
+        blocker.close()
+        await blocker.wait_closed()
+        await stop_pair(running, reader)
+
+
+async def test_a_batch_quoteflow_that_cannot_start_stops_the_others() -> None:
+    """If the batch suppliers' port is taken, ``run_pair`` says so, exits 1, leaves nothing."""
+    blocker = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    batch_port = blocker.sockets[0].getsockname()[1]
+    running, reader = await start_pair(free_port(), free_port(), free_port(), batch_port)
+    try:
+        assert await asyncio.wait_for(running.process.wait(), 30) == 1
+        await asyncio.wait_for(asyncio.shield(reader), 10)
+        assert any(
+            "QuoteFlow of the batch suppliers did not start" in line for line in running.lines
+        )
+        for port in (running.lab_port, *running.quoteflow_ports):
+            assert processes_mentioning(f"--port {port}") == []
+            assert port == batch_port or refuses(port)
     finally:
         blocker.close()
         await blocker.wait_closed()
