@@ -126,6 +126,24 @@ def report(label: str, runs: list[tuple[float, bool]]) -> str:
     )
 
 
+def figures() -> dict[str, dict[str, float | int]]:
+    """The realistic sizes' CPU (median, p95, max ms, proven), as the carts section reports it."""
+    cpu_ms(*realistic_cart(-1, 50, 8), None)
+    found: dict[str, dict[str, float | int]] = {}
+    for lines, suppliers in SIZES:
+        carts = [realistic_cart(seed, lines, suppliers) for seed in range(CARTS)]
+        runs = [cpu_ms(cart, names, None) for cart, names in carts]
+        times = sorted(ms for ms, _ in runs)
+        found[f"{lines}x{suppliers}"] = {
+            "median_ms": round(statistics.median(times), 2),
+            "p95_ms": round(times[math.ceil(0.95 * len(times)) - 1], 2),
+            "max_ms": round(times[-1], 2),
+            "proven": sum(optimal for _, optimal in runs),
+            "carts": len(runs),
+        }
+    return found
+
+
 def main() -> None:
     """Print the CPU time of ``solve`` over seeded carts of each size."""
     cpu_ms(*realistic_cart(-1, 50, 8), None)  # warm the imports and caches

@@ -323,7 +323,7 @@ def case_fairness(loop: str, log_dir: Path, duration_s: float = FAIRNESS_S) -> d
 
 def case_basket() -> dict[str, Any]:
     """The basket's CPU, from ``bench.basket``."""
-    return basket_bench.figures()
+    return dict(basket_bench.figures())
 
 
 def run_case(case: str, loop: str, log_dir: Path) -> dict[str, Any]:
@@ -416,21 +416,12 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 ("met" if judge(case, f)[index][1] else "NOT met") if f is not None else "–"
                 for f in by_loop
             ]
-            rows.append(
-                Target(
-                    NAME,
-                    f"{case}: {what} (asyncio | uvloop)",
-                    *shown,
-                    "",
-                    "issue 37",
-                    all(verdicts),
-                )
-            )
+            metric = f"{case}: {what} (asyncio | uvloop)"
+            rows.append(Target(NAME, metric, shown[0], shown[1], "", "issue 37", all(verdicts)))
         for key in _SHOWN.get(case, ()):
             values = [json.dumps(f.get(key)) if f is not None else "–" for f in by_loop]
-            rows.append(
-                Target(NAME, f"{case}: {key} (asyncio | uvloop)", *values, "", "reported", None)
-            )
+            metric = f"{case}: {key} (asyncio | uvloop)"
+            rows.append(Target(NAME, metric, values[0], values[1], "", "reported", None))
     return [attrs.asdict(row) for row in rows]
 
 

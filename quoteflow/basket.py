@@ -92,7 +92,7 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
-from quoteflow.models import RankedQuote
+from quoteflow.models import Basket, Pick, RankedQuote, Shipping
 
 # -- inputs ----------------------------------------------------------------------
 
@@ -148,47 +148,7 @@ class Line:
         return cls(sku, quantity, [Offer.of_quote(quote) for quote in quotes])
 
 
-# -- the answer ------------------------------------------------------------------
-
-
-@attrs.frozen(kw_only=True)
-class Pick:
-    """A line of the basket: which supplier it is bought from, at what price."""
-
-    sku: str
-    quantity: int
-    supplier: str
-    unit_cents: int
-    line_cents: int
-    """``unit_cents * quantity``: the goods, shipping apart."""
-
-
-@attrs.frozen
-class Shipping:
-    """What one supplier of the basket charges for shipping: the largest of its lines', once."""
-
-    supplier: str
-    shipping_cents: int
-
-
-@attrs.frozen(kw_only=True)
-class Basket:
-    """The cheapest way found to buy every quoted line, shipping paid once per supplier."""
-
-    picks: tuple[Pick, ...]
-    """One per quoted line, in request order."""
-    shipping: tuple[Shipping, ...]
-    """One per supplier bought from, in catalogue order."""
-    total_cents: int
-    """Every pick's ``line_cents`` and every supplier's shipping."""
-    per_line_total_cents: int
-    """What buying each quoted line at its own best quote, its own shipping each, would cost."""
-    complete: bool
-    """Every line was quoted (``unquoted`` is empty)."""
-    unquoted: tuple[str, ...]
-    """SKUs of the lines no supplier quoted, in request order; the basket prices the rest."""
-    optimal: bool
-    """Proven the cheapest (and first by the tie rules); False when the time ran out first."""
+# -- the answer: ``models.Basket`` of ``models.Pick`` and ``models.Shipping`` ------
 
 
 def solve(

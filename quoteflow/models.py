@@ -317,6 +317,7 @@ class Pick:
     supplier: str
     unit_cents: int
     line_cents: int
+    """``unit_cents * quantity``: the goods, shipping apart."""
 
 
 @attrs.frozen
@@ -332,13 +333,17 @@ class Basket:
     """The cheapest way to buy every quoted line, shipping paid once per supplier."""
 
     picks: tuple[Pick, ...]
+    """One per quoted line, in request order."""
     shipping: tuple[Shipping, ...]
+    """One per supplier bought from, in catalogue order: the largest of its lines', once."""
     total_cents: int
+    """Every pick's ``line_cents`` and every supplier's shipping."""
     per_line_total_cents: int
-    """What buying each line at its own best quote (its own shipping each) would cost."""
+    """What buying each quoted line at its own best quote (its own shipping each) would cost."""
     complete: bool
+    """Every line was quoted (``unquoted`` is empty)."""
     unquoted: tuple[str, ...]
-    """SKUs of the lines no supplier quoted, in request order."""
+    """SKUs of the lines no supplier quoted, in request order; the basket prices the rest."""
     optimal: bool
     """The basket is proven the cheapest; False only when proving would pass the deadline."""
 

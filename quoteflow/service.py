@@ -50,12 +50,10 @@ from quoteflow.models import (
     CartRequest,
     CartResult,
     Failure,
-    Pick,
     QuoteReport,
     QuoteRequest,
     QuoteResult,
     RankedQuote,
-    Shipping,
     SupplierQuote,
     SupplierTrace,
 )
@@ -454,18 +452,8 @@ async def solve_basket(
     wanted = tuple(Line.of_quotes(line.sku, line.quantity, line.quotes) for line in lines)
     offers = sum(len(line.offers) for line in wanted)
     if offers <= INLINE_SOLVE:
-        found = solve(wanted, suppliers, time_limit=time_limit)
-    else:
-        found = await asyncio.to_thread(solve, wanted, suppliers, time_limit=time_limit)
-    return Basket(
-        picks=tuple(Pick(**attrs.asdict(p)) for p in found.picks),
-        shipping=tuple(Shipping(**attrs.asdict(p)) for p in found.shipping),
-        total_cents=found.total_cents,
-        per_line_total_cents=found.per_line_total_cents,
-        complete=found.complete,
-        unquoted=found.unquoted,
-        optimal=found.optimal,
-    )
+        return solve(wanted, suppliers, time_limit=time_limit)
+    return await asyncio.to_thread(solve, wanted, suppliers, time_limit=time_limit)
 
 
 @attrs.frozen(kw_only=True)

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.basket import hard_cart, realistic_cart
-from quoteflow.basket import Basket, Line, Offer, Pick, Shipping, solve
-from quoteflow.models import RankedQuote
+from quoteflow.basket import Line, Offer, solve
+from quoteflow.models import Basket, Pick, RankedQuote, Shipping
 
 SMALL = settings(max_examples=150, deadline=None, database=None)
 CATALOGUE = ("atlas", "boreal", "cedar", "dune")
