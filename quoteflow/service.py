@@ -351,7 +351,15 @@ class QuoteService:
                                 self._circuit_open(supplier)
                             continue
                         chunks = carts.batches.chunks(supplier, cart.lines)
-                        for lines in chunks or [(line,) for line in cart.lines]:
+                        calls = chunks or [(line,) for line in cart.lines]
+                        if permit is Permit.PROBE:
+                            # Half-open: one call probes it, as a single quote's
+                            # would; the cart's other lines wait for its verdict
+                            # no more than other requests do.
+                            for line in (line for lines in calls[1:] for line in lines):
+                                outcomes[supplier, line.sku] = Failure(supplier, CIRCUIT_OPEN)
+                            calls = calls[:1]
+                        for lines in calls:
                             trace = SupplierTrace(supplier, lines=tuple(ln.sku for ln in lines))
                             trace.probe = permit is Permit.PROBE
                             traces.append(trace)

@@ -451,3 +451,24 @@ async def test_a_supplier_whose_circuit_is_open_is_not_asked_for_any_line(
         [{"supplier": "bulk", "code": "circuit_open"}]
     ] * 3
     assert answer["explain"]["suppliers"] == {}
+
+
+async def test_a_half_open_supplier_is_probed_by_one_call_of_a_cart_and_closes_again(
+    start: Start, api: ForeignApi, batch: BatchApi
+) -> None:
+    """After its open time, one call of the next cart probes it; its other calls wait, coded.
+
+    The probe's success closes the circuit: the cart after is asked in full.
+    """
+    batch.statuses = [500]
+    client = await start([bulk(api, max_items=1, breaker_failures=1)], breaker_open=0.05)
+    await client.post("/api/quotes", json={"sku": "X"})  # opens the circuit
+    await asyncio.sleep(0.1)  # past its open time (0.05 s at most, jittered)
+    answer = await post_cart(client, cart("A", "B", "C"))
+    assert batch.calls()[1:] == [["A"]]  # the probe: one call
+    codes = {line["sku"]: [f["code"] for f in line["failures"]] for line in answer["lines"]}
+    assert codes == {"A": [], "B": ["circuit_open"], "C": ["circuit_open"]}
+    assert answer["explain"]["suppliers"]["bulk"]["calls"][0]["probe"] is True
+    answer = await post_cart(client, cart("A", "B", "C"))
+    assert sorted(batch.calls()[2:]) == [["A"], ["B"], ["C"]]
+    assert all(line["failures"] == [] for line in answer["lines"])
