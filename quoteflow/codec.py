@@ -514,6 +514,8 @@ def _bill(trace: SupplierTrace, admitted_at: float, deadline: float) -> dict[str
         )
         if record.cut_short:
             attempts[-1]["cut_short"] = True  # not counted by the breaker
+        if record.hedge:
+            attempts[-1]["hedge"] = True  # sent while the first was still out
     bill: dict[str, Any] = {"attempts": attempts, "stopped": trace.stopped}
     if trace.gave_up_after is not None:
         bill["gave_up_after_ms"] = _ms(trace.gave_up_after)
@@ -523,6 +525,8 @@ def _bill(trace: SupplierTrace, admitted_at: float, deadline: float) -> dict[str
         bill["token_wait_ms"] = _ms(trace.token_wait)
     if trace.probe:
         bill["probe"] = True
+    if trace.won is not None:
+        bill["won"] = trace.won  # a hedged call: whose quote came first
     # Present only when coalescing or the cache had a hand in the outcome.
     if trace.joined is not None:
         bill["joined"] = trace.joined

@@ -74,6 +74,9 @@ class Settings:
     """The supplier catalogue, a TOML file (``catalogue.py``); ``None``: the three lab
     suppliers under ``provider_url``."""
     attempts: int = attrs.field(default=2, validator=[v.ge(1), v.le(2)])
+    hedge: bool = False
+    """Hedge every supplier whose catalogue entry has no ``hedge`` key of its own: a first
+    attempt late past a percentile of its answer times is joined by the second."""
     backoff_min: float = attrs.field(default=0.020, validator=v.ge(0))
     backoff_max: float = attrs.field(default=0.030, validator=v.ge(0))
     min_attempt_time: float = attrs.field(default=0.05, validator=v.ge(0))

@@ -218,6 +218,8 @@ class AttemptRecord:
     cut_short: bool = False
     """The request's deadline (or its caller leaving) cut it before it had a fair
     time (``breaker.py``): QuoteFlow's own lateness, not the supplier's failure."""
+    hedge: bool = False
+    """Sent while the first attempt was still out (a hedge), not after it failed."""
 
     @property
     def ended(self) -> float:
@@ -226,6 +228,8 @@ class AttemptRecord:
 
 
 OK = "ok"
+CANCELLED = "cancelled"
+"""An attempt of a hedged call cancelled because the other attempt brought a quote first."""
 
 
 @attrs.define
@@ -250,6 +254,10 @@ class SupplierTrace:
     """The request this one handed its shared call to when it left (``--coalesce``)."""
     stale_if_error: str | None = None
     """The failure a stale quote from the cache stood in for (``--cache-size``)."""
+    hedged: bool = False
+    """A hedge was sent beside the first attempt: the second attempt, no retry after it."""
+    won: int | None = None
+    """In a hedged call, the attempt whose quote won (the other was cancelled)."""
     lines: tuple[str, ...] = ()
     """A cart's call: the SKUs of the lines it asks for (one, unless the supplier takes a
     batch). Its waits for a slot come after single quotes' (``slots.py``)."""

@@ -29,6 +29,7 @@ from quoteflow.breaker import State
 from quoteflow.callers import QUOTA_EXCEEDED, SEATS_EXCEEDED
 from quoteflow.logs import log_event
 from quoteflow.models import (
+    CANCELLED,
     STOPPED_CACHED,
     STOPPED_CIRCUIT_OPEN,
     STOPPED_DEADLINE,
@@ -300,9 +301,16 @@ class Telemetry:
             "Lines asked by each call of a cart to a batch supplier.",
             CART_SIZE_BUCKETS,
         )
+        self._hedges = PlainCounter(
+            "quoteflow_hedges",
+            "Hedged second attempts by supplier: sent, won (its quote came first), and "
+            "attempts cancelled because the other won.",
+            ("supplier", "event"),
+        )
         self._sharing = False
         """Coalescing or the quote cache is on: the request event says what each shared."""
         self.metrics: tuple[PlainMetric, ...] = (
+            self._hedges,
             self._carts,
             self._cart_lines,
             self._cart_calls,
@@ -524,6 +532,12 @@ class Telemetry:
                 self._slot_wait.observe(record.slot_wait)
                 if record.backoff is not None:
                     self._retries.inc(trace.supplier, record.outcome)
+                if record.hedge:
+                    self._hedges.inc(trace.supplier, "sent")
+                if record.outcome == CANCELLED:
+                    self._hedges.inc(trace.supplier, "cancelled")
+            if trace.won == 2:
+                self._hedges.inc(trace.supplier, "won")
                 if log.isEnabledFor(level):
                     log_event(
                         log,

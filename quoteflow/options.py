@@ -70,6 +70,11 @@ _OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
         "supplier catalogue, a TOML file (default: atlas, boreal, cedar under --provider-url)",
     ),
     "min_attempt_time": (float, "least budget a second attempt needs, seconds"),
+    "hedge": (
+        _boolean,
+        "hedge every supplier without its own catalogue hedge key: a late first attempt is "
+        "joined by the second (default: off)",
+    ),
     "pause_max": (
         float,
         "longest a supplier's 429 with Retry-After pauses it for every request, seconds (60)",

@@ -84,6 +84,13 @@ class Turns:
         """After a reload: the meter forgets removed suppliers and the old rates' decisions."""
         self._meter.keep_only(names)
 
+    def take_now(self, name: str, rate: Rate) -> bool:
+        """A turn now, if one is free and nobody stands in line for one (a hedge): never waits."""
+        if self._lines.get(name):
+            return False
+        found = self._meter.spend_now(name, rate)
+        return found is not None and found[0]
+
     async def take(
         self,
         name: str,

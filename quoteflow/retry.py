@@ -14,6 +14,10 @@ kept. These refine *whether* that retry is sent:
    down drains the bucket and is then retried only on the small trickle that
    every first attempt earns: its load falls from 2x towards 1.1x.
 
+A fourth object serves the hedge (issue 38): ``AnswerTimes`` keeps a
+supplier's recent answer times for a live percentile, the delay after which
+a late first attempt is joined by the second attempt the contract allows.
+
 ``RetryLimiter`` is the seam for 3: ``RetryBudget`` is one process's bucket;
 ``fleet.FleetRetryBudget`` shares one bucket per supplier among every worker.
 """
@@ -240,3 +244,45 @@ class RetryBudget:
     def paid_off(self) -> None:
         """The retry brought a quote: its token comes back."""
         self.tokens = min(self.capacity, self.tokens + 1)
+
+
+HEDGE_FLOOR: Final = 0.020
+"""The least hedge delay: sooner, a hedge would double calls that were never late."""
+HEDGE_SEEN: Final = 10
+"""Answers seen before a percentile's hedge delay is trusted; until then no hedge."""
+HEDGE_WINDOW: Final = 100
+"""Recent answer times a percentile is taken over."""
+
+
+class AnswerTimes:
+    """A supplier's recent answer times, read as a live percentile (the hedge's delay).
+
+    Finagle's backup requests send theirs at a percentile of recent
+    latencies, re-read every few seconds; here the sorted copy is re-made at
+    most every ``RANK_EVERY`` seconds, on the first read after a change. An
+    attempt cancelled because the other won is recorded at the time it had
+    run — at least that long, never a fast answer — so that slow attempts
+    cut off by winning hedges do not drag the percentile down.
+    """
+
+    def __init__(self, window: int = HEDGE_WINDOW) -> None:
+        self._times: collections.deque[float] = collections.deque(maxlen=window)
+        self._ranked: list[float] = []
+        self._ranked_at = -math.inf
+        self._changed = False
+
+    def observe(self, seconds: float) -> None:
+        """An attempt answered after ``seconds`` (or was cancelled after them)."""
+        self._times.append(seconds)
+        self._changed = True
+
+    def percentile(self, share: float) -> float | None:
+        """The ``share`` percentile (0 to 1) of the recent times; None before ``HEDGE_SEEN``."""
+        if len(self._times) < HEDGE_SEEN:
+            return None
+        now = time.monotonic()
+        if self._changed and now - self._ranked_at >= RANK_EVERY:
+            self._ranked = sorted(self._times)
+            self._ranked_at, self._changed = now, False
+        ranked = self._ranked
+        return ranked[min(len(ranked) - 1, max(0, math.ceil(share * len(ranked)) - 1))]

@@ -170,6 +170,10 @@ class OutboundLimiter(Protocol):
         """The attempt at ``supplier`` is over: its slot is free for the next one."""
         ...
 
+    def try_acquire(self, supplier: str) -> bool:
+        """A slot for ``supplier`` now if one is free within its share, else False: no wait."""
+        ...
+
     def reconsider(self) -> None:
         """A supplier's learned time grew: every waiter's patience is read again now."""
         ...
@@ -271,6 +275,18 @@ class OutboundSlots:
         queue.remove(entry)  # gave up: its place goes to whoever can still use it
         if request_id is not None and not later:
             self._lost(request_id)
+        return False
+
+    def try_acquire(self, supplier: str) -> bool:
+        """A slot now if one is free and ``supplier`` is under its share (a hedge): never waits.
+
+        A free slot is one no waiter could use: ``release`` hands each freed
+        slot to the first waiter it fits, so a hedge never takes one from them.
+        """
+        if self.free and self._held[supplier] < self._share[supplier]:
+            self.free -= 1
+            self._held[supplier] += 1
+            return True
         return False
 
     def _lost(self, request_id: str) -> None:

@@ -52,6 +52,7 @@ from quoteflow.errors import InvalidSupplierData
 from quoteflow.logs import log_event
 from quoteflow.models import (
     AUTH_FAILED,
+    CANCELLED,
     INVALID_DATA,
     NOT_FOUND,
     OK,
@@ -82,6 +83,8 @@ from quoteflow.pauses import Pauses, pause_for
 from quoteflow.rates import LocalRates, RateMeter, Turns
 from quoteflow.retry import (
     CUT_MEMORY,
+    HEDGE_FLOOR,
+    AnswerTimes,
     AttemptTimeEstimate,
     RetryBudget,
     RetryLimiter,
@@ -163,6 +166,16 @@ _NO_TURN: Final = _AttemptResult(None, RATE_LIMITED, not_sent=STOPPED_RATE_LIMIT
 """An attempt at a supplier paused after a 429 with ``Retry-After``: it asked for the wait."""
 
 
+@attrs.define
+class _Race:
+    """A hedged call's two attempts: when the first was sent, and which lost."""
+
+    sent: asyncio.Event = attrs.Factory(asyncio.Event)
+    sent_at: float = 0.0
+    lost: set[int] = attrs.Factory(set)
+    """Attempts cancelled because the other won (not the deadline's cut)."""
+
+
 @attrs.frozen
 class _Answer:
     """A 200 body with the answer's ``Cache-Control`` (only when the quote cache wants it)."""
@@ -206,6 +219,7 @@ def _record(
     outcome: str,
     status: int | None = None,
     cut_short: bool = False,
+    hedge: bool = False,
 ) -> AttemptRecord:
     return AttemptRecord(
         attempt=attempt,
@@ -215,6 +229,7 @@ def _record(
         outcome=outcome,
         status=status,
         cut_short=cut_short,
+        hedge=hedge,
     )
 
 
@@ -235,6 +250,7 @@ class _SupplierState:
         settings: Settings,
         retry_budget: RetryLimiter,
         attempt_time: AttemptTimeEstimate | None = None,
+        answer_times: AnswerTimes | None = None,
     ) -> None:
         self.spec = supplier
         self.url = URL(supplier.url)
@@ -249,6 +265,10 @@ class _SupplierState:
         self._shaped: dict[tuple[str, int, str], Shaped] = {}
         self.tokens: TokenKeeper | None = None
         """The OAuth2 token of a supplier with an ``oauth2`` client (set by ``SupplierClient``)."""
+        self.hedge = supplier.hedge if supplier.batch is None else None
+        """When a late first attempt is joined by the second (``_hedged``); None: never."""
+        self.answer_times = answer_times or (AnswerTimes() if self.hedge is not None else None)
+        """Recent answer times, for a percentile's hedge delay (kept across a reload)."""
         self.item_rate = supplier.batch is not None and supplier.batch.rate_unit == "item"
         """Its ``rate`` counts lines, not calls (``[supplier.batch] rate_unit = "item"``)."""
         self.adapter: Adapter | None = supplier.adapter
@@ -417,7 +437,10 @@ class SupplierClient:
             else:
                 budget = RetryBudget(supplier.retry_budget_capacity, settings.retry_budget_earn)
             attempt_time = None if old is None else old.attempt_time
-            state = states[supplier.name] = _SupplierState(supplier, settings, budget, attempt_time)
+            answer_times = None if old is None else old.answer_times
+            state = states[supplier.name] = _SupplierState(
+                supplier, settings, budget, attempt_time, answer_times
+            )
             state.tokens = self._keeper(supplier, old)
         self._suppliers = states  # swapped whole: no request sees half of it
         self._turns.keep_only(set(catalogue.names))
@@ -571,7 +594,12 @@ class SupplierClient:
         state.retry_budget.first_attempt()
         result: _AttemptResult | None = None
         for attempt in range(1, self._attempts + 1):
-            tried = await self._attempt(state, call, trace, attempt)  # slot taken and given back
+            if attempt == 1 and state.hedge is not None and not trace.probe:
+                tried = await self._hedged(state, call, trace)  # maybe with attempt 2 beside it
+            else:
+                tried = await self._attempt(
+                    state, call, trace, attempt
+                )  # slot taken and given back
             if tried.not_sent is not None:
                 # Not sent (no slot came in time, no token, the supplier paused):
                 # answer now. A retry that gave its place up keeps the code the
@@ -586,6 +614,9 @@ class SupplierClient:
                     state.retry_budget.paid_off()
                 trace.stopped = STOPPED_SUCCESS
                 return result
+            if trace.hedged:  # both attempts were out at once; the later failure stands
+                trace.stopped = STOPPED_ATTEMPTS_EXHAUSTED
+                break
             if not result.retryable:
                 trace.stopped = STOPPED_NOT_RETRYABLE
                 break
@@ -622,11 +653,122 @@ class SupplierClient:
             return backoff, STOPPED_RETRY_BUDGET
         return backoff, None
 
-    async def _attempt(
-        self, state: _SupplierState, call: _Call, trace: SupplierTrace, attempt: int
+    async def _hedged(
+        self, state: _SupplierState, call: _Call, trace: SupplierTrace
     ) -> _AttemptResult:
-        """One attempt: wait for a slot, fetch, give the slot back, then decode."""
+        """The first attempt; if it is still out after the hedge delay, the second beside it.
+
+        The second attempt the contract allows, started early instead of after
+        a failure (Dean and Barroso's backup request): a valid quote from
+        either wins at once and the other is cancelled (its connection
+        closed, its slot back); a failure waits for the other, and if both
+        fail the later code stands. ``_may_hedge`` says when one is sent.
+        """
+        delay = self._hedge_delay(state)
+        if delay is None:
+            return await self._attempt(state, call, trace, 1)
+        race = _Race()
+        first = asyncio.create_task(self._attempt(state, call, trace, 1, race))
+        tasks = {first: 1}
+        try:
+            sent = asyncio.ensure_future(race.sent.wait())
+            try:
+                await asyncio.wait((first, sent), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sent.cancel()
+            if not first.done():
+                late = race.sent_at + delay - time.monotonic()
+                await asyncio.wait((first,), timeout=max(0.0, late))
+            if first.done() or not self._may_hedge(state, call, trace):
+                return await first
+            trace.hedged = True
+            second = asyncio.create_task(self._attempt(state, call, trace, 2, race, hedge=True))
+            tasks[second] = 2
+            failed: _AttemptResult | None = None
+            pending: set[asyncio.Task[_AttemptResult]] = {first, second}
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    result = task.result()  # a bug of ours propagates
+                    if result.code != OK:
+                        failed = result  # the later failure stands
+                        continue
+                    for other in pending:
+                        race.lost.add(tasks[other])
+                        other.cancel()
+                    if pending:
+                        await asyncio.wait(pending)  # the loser bills itself, frees its slot
+                    trace.won = tasks[task]
+                    if trace.won == 2:
+                        state.retry_budget.paid_off()  # a hedge that won earns its token back
+                    return result
+            assert failed is not None
+            return failed
+        finally:
+            running = [task for task in tasks if not task.done()]
+            for task in running:
+                task.cancel()  # the deadline, or the caller leaving: both end now
+            if running:
+                await asyncio.wait(running)
+
+    def _hedge_delay(self, state: _SupplierState) -> float | None:
+        """Seconds after the first attempt is sent that a hedge may go; None: not yet known."""
+        hedge = state.hedge
+        assert hedge is not None
+        assert state.answer_times is not None
+        if hedge.delay is not None:
+            return hedge.delay
+        assert hedge.percentile is not None
+        found = state.answer_times.percentile(hedge.percentile)
+        return None if found is None else max(HEDGE_FLOOR, found)
+
+    def _may_hedge(self, state: _SupplierState, call: _Call, trace: SupplierTrace) -> bool:
+        """Whether a hedge goes now: time for a median answer, a free slot, a token, a turn.
+
+        It never waits for anything: not for a slot (one free within the
+        supplier's share, or none), not for its rate's turn, not for an
+        OAuth2 token; and none while the supplier is paused. Its token comes
+        from the retry budget the supplier's retries spend.
+        """
+        name = trace.supplier
+        assert state.answer_times is not None
+        median = state.answer_times.percentile(0.5) or 0.0
+        if call.deadline - time.monotonic() < median:
+            return False
+        if self.pauses.active and self.pauses.until(name) is not None:
+            return False
+        if state.tokens is not None and state.tokens.current() is None:
+            return False
+        if not self._slots.try_acquire(name):
+            return False
+        if not state.retry_budget.try_spend():
+            self._slots.release(name)
+            return False
+        rate = state.spec.rate
+        if rate is not None and not self._turns.take_now(name, rate):
+            self._slots.release(name)
+            state.retry_budget.paid_off()  # the token back: nothing was sent
+            return False
+        return True
+
+    async def _attempt(
+        self,
+        state: _SupplierState,
+        call: _Call,
+        trace: SupplierTrace,
+        attempt: int,
+        race: _Race | None = None,
+        *,
+        hedge: bool = False,
+    ) -> _AttemptResult:
+        """One attempt: wait for a slot, fetch, give the slot back, then decode.
+
+        In a hedged race (``race``) a hedge (``hedge``) comes with its slot
+        and turn already taken by ``_may_hedge``.
+        """
         waiting_since = time.monotonic()
+        if hedge:
+            return await self._sent(state, call, trace, attempt, race, waiting_since, hedge=True)
         # Wait for a slot only while the attempt could still finish: the time
         # this supplier has been seen to need must be left when it starts. With
         # no answer seen yet nothing is known, so it always waits; so does the
@@ -670,8 +812,30 @@ class SupplierClient:
             # Paused while this attempt waited: the wave that got the 429 was enough.
             self._slots.release(trace.supplier)
             return _PAUSED
+        return await self._sent(
+            state, call, trace, attempt, race, waiting_since, authorization=authorization
+        )
+
+    async def _sent(
+        self,
+        state: _SupplierState,
+        call: _Call,
+        trace: SupplierTrace,
+        attempt: int,
+        race: _Race | None,
+        waiting_since: float,
+        *,
+        authorization: str | None = None,
+        hedge: bool = False,
+    ) -> _AttemptResult:
+        """An attempt that holds its slot: send, read, give the slot back, then decode."""
+        if hedge and state.tokens is not None:
+            authorization = state.tokens.current()
         try:
             started = time.monotonic()
+            if race is not None and attempt == 1:
+                race.sent_at = started
+                race.sent.set()
             headers = {
                 "X-Request-ID": call.request_id,
                 "X-Attempt": str(attempt),
@@ -692,8 +856,13 @@ class SupplierClient:
                     self._listener.sending(attempt, shaped.shown_url, headers, state.shape_method)
             fetched = await self._fetch(state, call, headers, authorization)
         except asyncio.CancelledError:
+            if race is not None and attempt in race.lost:
+                # The other attempt won: not the supplier's failure, not its slowness
+                # to the slot rule; at least this long for the hedge's percentile.
+                self._lost(state, trace, attempt, waiting_since, started, hedge)
+                raise
             # Before the slot is handed on: the next waiter is judged by what this taught.
-            self._cut(state, call, trace, attempt, waiting_since, started)
+            self._cut(state, call, trace, attempt, waiting_since, started, hedge)
             raise
         finally:
             self._slots.release(trace.supplier)
@@ -702,6 +871,8 @@ class SupplierClient:
         if isinstance(fetched, bytes | _Answer):
             # It answered: a useful attempt's length.
             state.attempt_time.observe(ended - started, kind=kind)
+            if state.answer_times is not None:
+                state.answer_times.observe(ended - started)
         elif fetched.status is not None:  # an error, or a 200 whose body could not be read
             state.attempt_time.observe(ended - started, full=False, kind=kind)
         if isinstance(fetched, bytes):
@@ -710,9 +881,24 @@ class SupplierClient:
             fetched = self._decode(state, fetched.body, trace.supplier, call, fetched.cache_control)
         outcome = fetched.code
         trace.attempts.append(
-            _record(attempt, waiting_since, started, ended, outcome, fetched.status)
+            _record(attempt, waiting_since, started, ended, outcome, fetched.status, hedge=hedge)
         )
         return fetched
+
+    def _lost(
+        self,
+        state: _SupplierState,
+        trace: SupplierTrace,
+        attempt: int,
+        waiting_since: float,
+        started: float,
+        hedge: bool,
+    ) -> None:
+        """Cancelled because the other attempt of a hedged race won: bill it as such."""
+        now = time.monotonic()
+        if state.answer_times is not None:
+            state.answer_times.observe(now - started)
+        trace.attempts.append(_record(attempt, waiting_since, started, now, CANCELLED, hedge=hedge))
 
     def _cut(
         self,
@@ -722,6 +908,7 @@ class SupplierClient:
         attempt: int,
         waiting_since: float,
         started: float,
+        hedge: bool = False,
     ) -> None:
         """The deadline (or the caller leaving) cut a sent attempt: bill it, learn from it."""
         now = time.monotonic()
@@ -735,8 +922,12 @@ class SupplierClient:
             fair = max(estimate.floor, FAIR_MARGIN * estimate.longest(kind))
         fair = min(fair, state.whole_chance)
         trace.attempts.append(
-            _record(attempt, waiting_since, started, now, TIMEOUT, cut_short=ran < fair)
+            _record(
+                attempt, waiting_since, started, now, TIMEOUT, cut_short=ran < fair, hedge=hedge
+            )
         )
+        if hedge:
+            return  # a hedge never makes its supplier look slower to the slot rule
         if ran > estimate.needed_for(kind):
             estimate.cut_after(ran, kind)  # it needs at least this long (``retry.py``)
             self._slots.reconsider()  # before this slot is handed on to a waiter

@@ -141,19 +141,22 @@ def test_every_failure_code_has_a_row_in_api_md() -> None:
     """Each failure code, ``http_<status>`` included, is a row of docs/api.md's table.
 
     Every string constant of ``quoteflow.models`` that is neither a ``stopped``
-    reason nor ``OK`` is a failure code a caller can see in ``failures``.
+    reason nor an attempt's outcome that is no failure (``OK``, ``CANCELLED``:
+    a hedged call's loser, whose call always has the winner's quote) is a
+    failure code a caller can see in ``failures``.
     """
     constants = _string_constants()
     codes = {
         value
         for name, value in constants.items()
-        if not name.startswith("STOPPED_") and name != "OK"
+        if not name.startswith("STOPPED_") and name not in ("OK", "CANCELLED")
     }
     assert {"invalid_data", "transport_error", "timeout"} <= codes, codes
     http_form = models.http_failure_code(503).replace("503", "<status>")
     keys = _table_keys(API)
     assert sorted((codes | {http_form}) - keys) == []
     assert _mentions(API.read_text(encoding="utf-8"), constants["OK"])
+    assert _mentions(API.read_text(encoding="utf-8"), constants["CANCELLED"])
 
 
 def _slug(heading: str) -> str:

@@ -171,6 +171,24 @@ class FleetSlots:
         """A supplier's learned time grew: every waiter's patience is read again now."""
         self._impatience.reconsider()
 
+    def try_acquire(self, supplier: str) -> bool:
+        """A slot now (a hedge): an idle leased one, or room on its own share; never waits."""
+        if self._waiting[supplier]:
+            return False
+        if self.mode == FLEET and self._held[supplier] < self.leased[supplier]:
+            if time.monotonic() < self.valid_until:
+                self._take(supplier)
+                return True
+            return False
+        if (
+            self.mode == LOCAL
+            and self.in_use < self.local_limit
+            and self._held[supplier] < self.local_share[supplier]
+        ):
+            self._take(supplier)
+            return True
+        return False
+
     def release(self, supplier: str) -> None:
         """Give back ``supplier``'s slot: to Redis if we hold too many, else to a local waiter."""
         self._held[supplier] -= 1
