@@ -16,7 +16,7 @@ from provider_lab import answers
 from provider_lab.app import create_app
 from provider_lab.catalogue import SUPPLIERS, NamesError, check_names, names_from_file
 from provider_lab.contracts import ContractError, parse_contract_spec
-from provider_lab.faults import FaultError, parse_fault_spec
+from provider_lab.faults import MAX_LATENCY_MS, FaultError, parse_fault_spec
 from provider_lab.state import BATCH_MAX_ITEMS, MAX_BATCH_MAX_ITEMS, LabConfig
 from provider_lab.tokens import MAX_TTL, credential_ok
 
@@ -88,13 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=_int_in(0, 65535), default=9101, help="port (9101)")
     parser.add_argument(
         "--latency-ms",
-        type=_int_in(0, 600_000),
+        type=_int_in(0, MAX_LATENCY_MS),
         default=0,
         help="latency added to every supplier answer (0)",
     )
     parser.add_argument(
         "--slow-ms",
-        type=_int_in(0, 600_000),
+        type=_int_in(0, MAX_LATENCY_MS),
         default=2000,
         help="how long boreal takes under scenario=slow (2000)",
     )
@@ -103,8 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="SUPPLIER:KIND[:KEY=VALUE,...]",
-        help="switch a fault on at start-up, e.g. boreal:http_429:count=2,retry_after=3 "
-        "(repeatable; GET /kinds lists kinds)",
+        help="switch a fault on at start-up, e.g. boreal:http_429:count=2,retry_after=3 or "
+        "boreal:latency:ms=200,sigma=0.9 (repeatable; GET /kinds lists kinds)",
     )
     parser.add_argument(
         "--contract",
@@ -115,7 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
         "boreal:rate=20/1s,concurrency=4: 429 past the rate (GCRA, a burst of the whole "
         "quota), 503 past the concurrency (repeatable; PUT /contracts/{supplier} changes it)",
     )
-    parser.add_argument("--seed", type=int, default=None, help="seed for the blip fault's dice")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed for the blip fault's dice and the latency fault's draws (default: random)",
+    )
     parser.add_argument(
         "--client-id",
         type=_credential,

@@ -22,8 +22,9 @@ Served to loopback clients only (see :func:`provider_lab.app.loopback_only`).
 ``DELETE /contracts/{s}``  ``s`` has no contract
 ``DELETE /contracts``      no supplier has a contract
 ``GET /stats``             in-flight counts, per-supplier counts, attempts per id, what
-                           the contracts refused, admitted requests per second
-                           (``?request_id=ID``: only those ids; ``?summary=1``: none)
+                           the contracts refused, admitted requests per second, the
+                           latency fault's draws (``?request_id=ID``: only those ids;
+                           ``?summary=1``: none, and no draws)
 ``POST /reset``            zero the statistics, the token endpoint's and the contracts'
                            counts too (409 while requests are in flight)
 ``GET /oauth2``            the token endpoint: client id, ``expires_in``, fault,
@@ -50,14 +51,19 @@ from aiohttp import web
 
 from provider_lab.answers import json_response
 from provider_lab.contracts import ContractError, contract_from_json
-from provider_lab.faults import BATCH_SPECS, SPECS, FaultError, KindSpec, fault_from_json
+from provider_lab.faults import (
+    BATCH_SPECS,
+    MAX_LATENCY_MS,
+    SPECS,
+    FaultError,
+    KindSpec,
+    fault_from_json,
+)
 from provider_lab.state import STATE
 from provider_lab.tokens import MAX_TTL, credential_ok
 from provider_lab.tokens import fault_from_json as token_fault_from_json
 
 logger = logging.getLogger(__name__)
-
-MAX_LATENCY_MS = 600_000
 
 
 async def _json_body(request: web.Request) -> object:
@@ -268,15 +274,18 @@ async def stats(request: web.Request) -> web.Response:
     """What the lab has seen since the last reset.
 
     ``?request_id=ID`` (repeatable) limits the per-id maps to those ids;
-    ``?summary=1`` leaves them out, for callers that only want the counters.
+    ``?summary=1`` leaves them out, and the latency fault's draws, for callers
+    that only want the counters.
     """
     query = request.query
     ids: list[str] | None = query.getall("request_id", None)
-    if query.get("summary") in ("1", "true"):
+    summary = query.get("summary") in ("1", "true")
+    if summary:
         ids = []
     state = request.app[STATE]
     now = asyncio.get_running_loop().time()
-    return json_response(200, {**state.stats.to_json(ids), **state.contracts.to_json(now)})
+    counts = state.stats.to_json(ids, draws=not summary)
+    return json_response(200, {**counts, **state.contracts.to_json(now)})
 
 
 async def reset(request: web.Request) -> web.Response:

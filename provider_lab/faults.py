@@ -10,6 +10,11 @@ lives in :mod:`provider_lab.answers`.
 The same validation serves the control API (JSON values) and the CLI's
 ``--fault SUPPLIER:KIND[:KEY=VALUE,...]`` (text values converted first).
 
+``latency`` takes an optional ``sigma``: each answer is then delayed by its own
+lognormal draw whose median is ``ms`` (:func:`draw_latency_ms`), from a random
+stream per supplier that the lab's ``--seed`` fixes (:meth:`LabState.latency_random
+<provider_lab.state.LabState.latency_random>`).
+
 The batch dialect's own faults (:class:`BatchKind`) are kinds of their own:
 they spoil one entry of a batch answer, so a call of another dialect that
 takes one from the queue uses it up and is answered as if it had none.
@@ -21,7 +26,7 @@ import enum
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import Final
+from typing import Final, Protocol
 
 import attrs
 
@@ -30,6 +35,11 @@ from provider_lab.catalogue import SUPPLIERS
 QUOTE_KEYS: Final = ("supplier", "sku", "unit_cents", "shipping_cents", "stock")
 INT_KEYS: Final = ("unit_cents", "shipping_cents", "stock")
 MIB: Final = 1024 * 1024
+MAX_LATENCY_MS: Final = 600_000
+"""The longest delay the lab keeps an answer back: a latency, a fault's ``ms``, or any one
+lognormal draw of the ``latency`` fault."""
+MAX_SIGMA: Final = 3.0
+"""The largest ``sigma`` of the ``latency`` fault (its 99th percentile is then ~1000 × ``ms``)."""
 
 
 class Kind(enum.StrEnum):
@@ -104,6 +114,8 @@ class Param:
     high: float | None = None
     choices: tuple[str, ...] = ()
     nullable: bool = False
+    optional: bool = False
+    """Left out of the fault (and of ``GET /faults``) unless given: no default is filled in."""
 
 
 @attrs.frozen
@@ -120,7 +132,16 @@ def _size(default: int, doc: str) -> Param:
 
 _PAD = _size(0, "pad the error body to about this many bytes")
 _RETRY_AFTER = Param(int, None, "Retry-After header in seconds", low=0, high=86_400, nullable=True)
-_MS = Param(int, 1000, "milliseconds", low=0, high=600_000)
+_MS = Param(int, 1000, "milliseconds", low=0, high=MAX_LATENCY_MS)
+_SIGMA = Param(
+    float,
+    None,
+    "log-standard-deviation: each answer's delay is its own lognormal draw, "
+    "ms * exp(sigma * N(0,1)), median ms (absent or 0: exactly ms)",
+    low=0.0,
+    high=MAX_SIGMA,
+    optional=True,
+)
 
 SPECS: Final[Mapping[Kind, KindSpec]] = {
     Kind.HTTP_404: KindSpec("404 with a JSON error body", {"size": _PAD}),
@@ -155,7 +176,11 @@ SPECS: Final[Mapping[Kind, KindSpec]] = {
     Kind.CLOSE: KindSpec("the connection is closed without any answer"),
     Kind.NOT_HTTP: KindSpec("bytes that are not HTTP at all, then close"),
     Kind.HANG: KindSpec("no answer until the client goes away (or its deadline passes: 504)"),
-    Kind.LATENCY: KindSpec("the normal answer after `ms` milliseconds", {"ms": _MS}),
+    Kind.LATENCY: KindSpec(
+        "the normal answer after `ms` milliseconds, or after a lognormal draw of median `ms` "
+        "if `sigma` is given",
+        {"ms": _MS, "sigma": _SIGMA},
+    ),
     Kind.SLOW_BODY: KindSpec(
         "headers and half the body at once, the rest after `ms` milliseconds", {"ms": _MS}
     ),
@@ -255,6 +280,12 @@ class Fault:
         assert isinstance(value, int | float)
         return float(value)
 
+    def optional_float_param(self, name: str) -> float | None:
+        """The number parameter ``name``, or ``None`` if it was not given."""
+        value = self.params.get(name)
+        assert value is None or isinstance(value, int | float)
+        return None if value is None else float(value)
+
     def to_json(self) -> dict[str, object]:
         """The fault as the control API shows and accepts it."""
         return {"kind": str(self.kind), "count": self.count, **self.params}
@@ -307,7 +338,7 @@ def fault_from_json(data: object) -> Fault:
         if name in data:
             _check_value(name, param, data[name], problems)
             params[name] = data[name]
-        else:
+        elif not param.optional:
             params[name] = param.default
     unknown = sorted(set(data) - {"kind", "count"} - set(spec.params))
     for name in unknown:
@@ -364,6 +395,26 @@ def parse_fault_spec(spec: str, suppliers: Sequence[str] = SUPPLIERS) -> tuple[s
             raise FaultError([f"{item!r}: expected KEY=VALUE"])
         data[name.strip()] = _convert_text(name.strip(), value.strip(), kind)
     return supplier, fault_from_json(data)
+
+
+class _Normal(Protocol):
+    """What a draw needs of :class:`random.Random`."""
+
+    def normalvariate(self, mu: float = 0.0, sigma: float = 1.0) -> float: ...
+
+
+def draw_latency_ms(ms: int, sigma: float, rng: _Normal) -> float:
+    """One delay of the ``latency`` fault with ``sigma``: ``ms * exp(sigma * Z)``, Z ~ N(0, 1).
+
+    Its median is ``ms``; one draw of ``rng`` per call. Capped at :data:`MAX_LATENCY_MS`
+    (computed in logs, so no draw can overflow).
+    """
+    exponent = sigma * rng.normalvariate(0.0, 1.0)
+    if ms <= 0:
+        return 0.0
+    if exponent >= math.log(MAX_LATENCY_MS / ms):
+        return float(MAX_LATENCY_MS)
+    return min(ms * math.exp(exponent), float(MAX_LATENCY_MS))
 
 
 @attrs.define

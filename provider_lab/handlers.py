@@ -24,7 +24,7 @@ from aiohttp import web
 
 from provider_lab import answers
 from provider_lab.answers import Call
-from provider_lab.faults import BatchKind, Fault, Kind
+from provider_lab.faults import BatchKind, Fault, Kind, draw_latency_ms
 from provider_lab.state import SCENARIOS, STATE
 
 logger = logging.getLogger(__name__)
@@ -209,6 +209,22 @@ async def _scenario(call: Call) -> tuple[str, web.StreamResponse] | None:
     return None
 
 
+def _latency_s(call: Call, fault: Fault) -> float:
+    """How long the ``latency`` fault holds this request back, in seconds.
+
+    ``ms`` exactly without ``sigma`` (or with 0); otherwise a draw of its own from the
+    supplier's stream for every request that reaches the fault — a retry or a hedge with
+    the same ``X-Request-ID`` included — recorded in ``/stats``.
+    """
+    ms = fault.int_param("ms")
+    sigma = fault.optional_float_param("sigma")
+    if not sigma:
+        return ms / 1000
+    drawn = draw_latency_ms(ms, sigma, call.state.latency_random(call.supplier))
+    call.state.stats.latency_drawn(call.supplier, call.request_id, drawn)
+    return drawn / 1000
+
+
 async def _faulty(call: Call, fault: Fault) -> web.StreamResponse:
     """Produce ``fault`` for this request, on the real connection."""
     kind = fault.kind
@@ -233,7 +249,7 @@ async def _faulty(call: Call, fault: Fault) -> web.StreamResponse:
     if kind is Kind.HANG:
         return _stopped(call, await answers.wait(call, math.inf))[1]
     if kind is Kind.LATENCY:
-        waited = await answers.wait(call, fault.int_param("ms") / 1000)
+        waited = await answers.wait(call, _latency_s(call, fault))
         if waited != "done":
             return _stopped(call, waited)[1]
     if kind is Kind.BLIP:

@@ -34,6 +34,7 @@ class LabConfig:
     slow_ms: int = 2000
     faults: Sequence[tuple[str, Fault]] = ()
     seed: int | None = None
+    """Fixes the ``blip`` fault's dice and each supplier's ``latency`` draws; ``None``: random."""
     id_limit: int = 10_000
     flaky_id_limit: int = 100_000
     client_id: str = "quoteflow"
@@ -68,6 +69,7 @@ class LabState:
         self.flaky_seen = RecentIds(config.flaky_id_limit)
         self.blip_seen = RecentIds(config.flaky_id_limit)
         self.random = random.Random(config.seed)
+        self._latency_random: dict[str, random.Random] = {}
         self.cache_control: dict[str, str] = {}
         """The ``Cache-Control`` header each supplier sends on its answers (none if absent)."""
         self.tokens = TokenKeeper(
@@ -81,6 +83,21 @@ class LabState:
         for supplier, contract in config.contracts:
             # No rate was in force before: the level starts at 0 whatever the time.
             self.contracts.set(supplier, contract, 0.0)
+
+    def latency_random(self, supplier: str) -> random.Random:
+        """``supplier``'s own stream for the ``latency`` fault's lognormal draws.
+
+        With a seed it is seeded from the seed and the supplier's name (hashed with
+        SHA-512 by :class:`random.Random`, so the same in every process): a supplier's
+        sequence of draws is the same run to run, whatever the other suppliers' traffic.
+        Without one, from the system's randomness. ``POST /reset`` does not rewind it.
+        """
+        stream = self._latency_random.get(supplier)
+        if stream is None:
+            seed = self.config.seed
+            stream = random.Random(None if seed is None else f"latency:{seed}:{supplier}")
+            self._latency_random[supplier] = stream
+        return stream
 
     def other_than(self, supplier: str) -> str:
         """Another supplier's name (the next one the lab serves), for a wrong echo."""

@@ -6,13 +6,15 @@ so a long benchmark cannot grow the lab's memory without limit.
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Collection, Mapping
 from typing import Final
 
 import attrs
 
 HEADERS_PER_ID: Final = 32
+DRAWS_PER_SUPPLIER: Final = 1000
+"""The ``latency`` fault's lognormal draws ``/stats`` keeps per supplier: the most recent."""
 
 
 class RecentIds:
@@ -47,6 +49,9 @@ class _RequestRecord:
     batch_sizes: dict[str, list[int]] = attrs.field(factory=dict)
     """Per supplier, the parts of each batch call, in arrival order (at most 32 in all)."""
     batch_calls: int = 0
+    latency_drawn_ms: dict[str, list[float]] = attrs.field(factory=dict)
+    """Per supplier, the ``latency`` fault's draws for this id's requests (at most 32 in all)."""
+    latency_draws: int = 0
 
 
 class Stats:
@@ -67,6 +72,8 @@ class Stats:
         self.answers: dict[str, Counter[str]] = {s: Counter() for s in self._suppliers}
         self.batch_sizes: dict[str, Counter[int]] = {}
         """Per supplier that had batch calls, how many of them carried each number of parts."""
+        self.latency_drawn_ms: dict[str, deque[float]] = {}
+        """Per supplier that drew any, the ``latency`` fault's lognormal delays, oldest first."""
         self._requests: OrderedDict[str, _RequestRecord] = OrderedDict()
 
     def started(
@@ -110,6 +117,18 @@ class Stats:
             record.batch_calls += 1
             record.batch_sizes.setdefault(supplier, []).append(parts)
 
+    def latency_drawn(self, supplier: str, request_id: str | None, ms: float) -> None:
+        """Record the delay the ``latency`` fault drew for one of ``supplier``'s requests."""
+        ms = round(ms, 3)
+        drawn = self.latency_drawn_ms.get(supplier)
+        if drawn is None:
+            drawn = self.latency_drawn_ms[supplier] = deque(maxlen=DRAWS_PER_SUPPLIER)
+        drawn.append(ms)
+        record = None if request_id is None else self._requests.get(request_id)
+        if record is not None and record.latency_draws < HEADERS_PER_ID:
+            record.latency_draws += 1
+            record.latency_drawn_ms.setdefault(supplier, []).append(ms)
+
     def answered(self, supplier: str, what: str) -> None:
         """Record how one supplier request was answered (``ok``, a fault kind, ...)."""
         self.answers[supplier][what] += 1
@@ -118,20 +137,24 @@ class Stats:
         """One supplier request is no longer in flight."""
         self.active -= 1
 
-    def to_json(self, request_ids: Collection[str] | None = None) -> dict[str, object]:
+    def to_json(
+        self, request_ids: Collection[str] | None = None, *, draws: bool = True
+    ) -> dict[str, object]:
         """The body of ``GET /stats``; per-id maps limited to ``request_ids`` if given.
 
         ``batch_sizes`` and ``batch_sizes_per_id`` are there only once a batch call has
-        been counted since the last reset: without one, the body is what it always was.
+        been counted since the last reset, ``latency_drawn_ms`` and
+        ``latency_drawn_ms_per_id`` only once the ``latency`` fault has drawn a delay (and
+        ``draws`` is true): without them, the body is what it always was.
         """
         requests: Mapping[str, _RequestRecord]
         if request_ids is None:
             requests = self._requests
         else:
             requests = {r: self._requests[r] for r in request_ids if r in self._requests}
-        batches: dict[str, object] = {}
+        extras: dict[str, object] = {}
         if self.batch_sizes:
-            batches = {
+            extras = {
                 "batch_sizes": {
                     supplier: {str(size): n for size, n in sorted(sizes.items())}
                     for supplier, sizes in self.batch_sizes.items()
@@ -141,6 +164,15 @@ class Stats:
                     for rid, r in requests.items()
                     if r.batch_sizes
                 },
+            }
+        if draws and self.latency_drawn_ms:
+            extras["latency_drawn_ms"] = {
+                supplier: list(drawn) for supplier, drawn in self.latency_drawn_ms.items()
+            }
+            extras["latency_drawn_ms_per_id"] = {
+                rid: {s: list(drawn) for s, drawn in r.latency_drawn_ms.items()}
+                for rid, r in requests.items()
+                if r.latency_drawn_ms
             }
         return {
             "active": self.active,
@@ -152,5 +184,5 @@ class Stats:
             "attempts": {rid: r.per_supplier.total() for rid, r in requests.items()},
             "attempts_per_supplier": {rid: dict(r.per_supplier) for rid, r in requests.items()},
             "headers": {rid: list(r.headers) for rid, r in requests.items()},
-            **batches,
+            **extras,
         }
