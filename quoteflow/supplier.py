@@ -768,69 +768,52 @@ class SupplierClient:
         """
         waiting_since = time.monotonic()
         if hedge:
-            return await self._sent(state, call, trace, attempt, race, waiting_since, hedge=True)
-        # Wait for a slot only while the attempt could still finish: the time
-        # this supplier has been seen to need must be left when it starts. With
-        # no answer seen yet nothing is known, so it always waits; so does the
-        # half-open probe, the only way a supplier's circuit closes again. A
-        # wait the deadline (or the caller leaving) cancels never reached the
-        # supplier: it is not an attempt, and goes on no bill.
-        patience = call if state.attempt_time.seen and not trace.probe else None
-        pauses = self.pauses
-        # ``pauses.active`` is empty unless some supplier said 429 lately: no call then.
-        if pauses.active and pauses.until(trace.supplier) is not None:
-            return _PAUSED
-        rate = state.spec.rate
-        if rate is not None:
-            if not await self._turn(call, trace, rate):
-                return _NO_TURN
-            if call.lines and state.item_rate:
-                # A rate that counts parts: one turn per line of the call (the
-                # first is had). Turns had before one that does not come are
-                # spent: the supplier is sent less than the rate, never more.
-                for _ in range(len(call.lines) - 1):
-                    if not await self._turn(call, trace, rate):
-                        return _NO_TURN
-        authorization = None
-        if state.tokens is not None:
-            # Before the slot: a wait for the token holds none of the outbound capacity.
-            authorization = state.tokens.current()
-            if authorization is None:
-                authorization = await self._token(state.tokens, trace)
+            # Its slot and its turn were taken by ``_may_hedge``: a hedge never waits.
+            authorization = None if state.tokens is None else state.tokens.current()
+        else:
+            # Wait for a slot only while the attempt could still finish: the time
+            # this supplier has been seen to need must be left when it starts. With
+            # no answer seen yet nothing is known, so it always waits; so does the
+            # half-open probe, the only way a supplier's circuit closes again. A
+            # wait the deadline (or the caller leaving) cancels never reached the
+            # supplier: it is not an attempt, and goes on no bill.
+            patience = call if state.attempt_time.seen and not trace.probe else None
+            pauses = self.pauses
+            # ``pauses.active`` is empty unless some supplier said 429 lately: no call then.
+            if pauses.active and pauses.until(trace.supplier) is not None:
+                return _PAUSED
+            rate = state.spec.rate
+            if rate is not None:
+                if not await self._turn(call, trace, rate):
+                    return _NO_TURN
+                if call.lines and state.item_rate:
+                    # A rate that counts parts: one turn per line of the call (the
+                    # first is had). Turns had before one that does not come are
+                    # spent: the supplier is sent less than the rate, never more.
+                    for _ in range(len(call.lines) - 1):
+                        if not await self._turn(call, trace, rate):
+                            return _NO_TURN
+            authorization = None
+            if state.tokens is not None:
+                # Before the slot: a wait for the token holds none of the outbound capacity.
+                authorization = state.tokens.current()
                 if authorization is None:
-                    return _NO_TOKEN
-        # One wait for both the shared slot and room in the supplier's share; a
-        # cart's call waits behind single quotes' (``slots.py``).
-        if not (
-            await self._slots.acquire(trace.supplier, patience)
-            if not trace.lines
-            else await self._slots.acquire(trace.supplier, patience, later=True)
-        ):
-            trace.gave_up_after = time.monotonic() - waiting_since
-            return _NO_SLOT_IN_TIME
-        if pauses.active and pauses.until(trace.supplier) is not None:
-            # Paused while this attempt waited: the wave that got the 429 was enough.
-            self._slots.release(trace.supplier)
-            return _PAUSED
-        return await self._sent(
-            state, call, trace, attempt, race, waiting_since, authorization=authorization
-        )
-
-    async def _sent(
-        self,
-        state: _SupplierState,
-        call: _Call,
-        trace: SupplierTrace,
-        attempt: int,
-        race: _Race | None,
-        waiting_since: float,
-        *,
-        authorization: str | None = None,
-        hedge: bool = False,
-    ) -> _AttemptResult:
-        """An attempt that holds its slot: send, read, give the slot back, then decode."""
-        if hedge and state.tokens is not None:
-            authorization = state.tokens.current()
+                    authorization = await self._token(state.tokens, trace)
+                    if authorization is None:
+                        return _NO_TOKEN
+            # One wait for both the shared slot and room in the supplier's share; a
+            # cart's call waits behind single quotes' (``slots.py``).
+            if not (
+                await self._slots.acquire(trace.supplier, patience)
+                if not trace.lines
+                else await self._slots.acquire(trace.supplier, patience, later=True)
+            ):
+                trace.gave_up_after = time.monotonic() - waiting_since
+                return _NO_SLOT_IN_TIME
+            if pauses.active and pauses.until(trace.supplier) is not None:
+                # Paused while this attempt waited: the wave that got the 429 was enough.
+                self._slots.release(trace.supplier)
+                return _PAUSED
         try:
             started = time.monotonic()
             if race is not None and attempt == 1:
