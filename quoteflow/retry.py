@@ -250,39 +250,85 @@ HEDGE_FLOOR: Final = 0.020
 """The least hedge delay: sooner, a hedge would double calls that were never late."""
 HEDGE_SEEN: Final = 10
 """Answers seen before a percentile's hedge delay is trusted; until then no hedge."""
+HEDGE_TAIL: Final = 0.01
+"""A percentile's hedge goes only for a supplier whose calls run past the time the first
+attempt has this often at least: one whose slowest answers fit anyway gains only load."""
 HEDGE_WINDOW: Final = 100
-"""Recent answer times a percentile is taken over."""
+"""Recent answer times the estimate is taken over."""
 
 
 class AnswerTimes:
     """A supplier's recent answer times, read as a live percentile (the hedge's delay).
 
     Finagle's backup requests send theirs at a percentile of recent
-    latencies, re-read every few seconds; here the sorted copy is re-made at
-    most every ``RANK_EVERY`` seconds, on the first read after a change. An
-    attempt cancelled because the other won is recorded at the time it had
-    run — at least that long, never a fast answer — so that slow attempts
-    cut off by winning hedges do not drag the percentile down.
+    latencies, re-read every few seconds; here the estimate is re-made at
+    most every ``RANK_EVERY`` seconds, on the first read after a change.
+
+    Some times are only lower bounds: an attempt cut by the deadline, or
+    cancelled because the other attempt of a hedged call won, ran *at least*
+    that long. Dropping them would keep the slowest calls out and drag the
+    percentile down; counting them as answers would too. They are censored
+    observations, and the estimate is Kaplan and Meier's (survival analysis):
+    ``survival(t)``, the share of calls still unanswered after ``t``, and
+    ``percentile(p)``, the least ``t`` by which a share ``p`` has answered.
     """
 
     def __init__(self, window: int = HEDGE_WINDOW) -> None:
-        self._times: collections.deque[float] = collections.deque(maxlen=window)
-        self._ranked: list[float] = []
+        self._times: collections.deque[tuple[float, bool]] = collections.deque(maxlen=window)
+        """(seconds, answered): False for a lower bound (cut or cancelled)."""
+        self._steps: list[tuple[float, float]] = []
+        """(t, survival just after t), at each answer's time, ascending."""
+        self._answers = 0
         self._ranked_at = -math.inf
         self._changed = False
 
-    def observe(self, seconds: float) -> None:
-        """An attempt answered after ``seconds`` (or was cancelled after them)."""
-        self._times.append(seconds)
+    def observe(self, seconds: float, *, answered: bool = True) -> None:
+        """An attempt answered after ``seconds``; or (``answered=False``) ran at least that long."""
+        self._times.append((seconds, answered))
         self._changed = True
 
-    def percentile(self, share: float) -> float | None:
-        """The ``share`` percentile (0 to 1) of the recent times; None before ``HEDGE_SEEN``."""
-        if len(self._times) < HEDGE_SEEN:
+    def survival(self, seconds: float) -> float | None:
+        """Share of calls still unanswered after ``seconds``; None before ``HEDGE_SEEN`` answers."""
+        steps = self._estimate()
+        if steps is None:
             return None
+        left = 1.0
+        for at, after in steps:
+            if at > seconds:
+                break
+            left = after
+        return left
+
+    def percentile(self, share: float) -> float | None:
+        """Least time by which ``share`` (0 to 1) of calls answered; the longest answer if the
+        estimate never gets there; None before ``HEDGE_SEEN`` answers."""
+        steps = self._estimate()
+        if steps is None:
+            return None
+        for at, after in steps:
+            if 1.0 - after >= share:
+                return at
+        return steps[-1][0] if steps else None
+
+    def _estimate(self) -> list[tuple[float, float]] | None:
         now = time.monotonic()
         if self._changed and now - self._ranked_at >= RANK_EVERY:
-            self._ranked = sorted(self._times)
+            ranked = sorted(self._times)
+            at_risk = len(ranked)
+            left, steps, answers = 1.0, [], 0
+            index = 0
+            while index < len(ranked):
+                at = ranked[index][0]
+                answered = gone = 0
+                while index < len(ranked) and ranked[index][0] == at:
+                    answered += ranked[index][1]
+                    gone += 1
+                    index += 1
+                if answered:
+                    left *= 1.0 - answered / at_risk
+                    steps.append((at, left))
+                    answers += answered
+                at_risk -= gone
+            self._steps, self._answers = steps, answers
             self._ranked_at, self._changed = now, False
-        ranked = self._ranked
-        return ranked[min(len(ranked) - 1, max(0, math.ceil(share * len(ranked)) - 1))]
+        return self._steps if self._answers >= HEDGE_SEEN else None

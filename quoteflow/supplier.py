@@ -84,6 +84,7 @@ from quoteflow.rates import LocalRates, RateMeter, Turns
 from quoteflow.retry import (
     CUT_MEMORY,
     HEDGE_FLOOR,
+    HEDGE_TAIL,
     AnswerTimes,
     AttemptTimeEstimate,
     RetryBudget,
@@ -679,7 +680,7 @@ class SupplierClient:
             if not first.done():
                 late = race.sent_at + delay - time.monotonic()
                 await asyncio.wait((first,), timeout=max(0.0, late))
-            if first.done() or not self._may_hedge(state, call, trace):
+            if first.done() or not self._may_hedge(state, call, trace, race.sent_at):
                 return await first
             trace.hedged = True
             second = asyncio.create_task(self._attempt(state, call, trace, 2, race, hedge=True))
@@ -722,17 +723,29 @@ class SupplierClient:
         found = state.answer_times.percentile(hedge.percentile)
         return None if found is None else max(HEDGE_FLOOR, found)
 
-    def _may_hedge(self, state: _SupplierState, call: _Call, trace: SupplierTrace) -> bool:
-        """Whether a hedge goes now: time for a median answer, a free slot, a token, a turn.
+    def _may_hedge(
+        self, state: _SupplierState, call: _Call, trace: SupplierTrace, sent_at: float
+    ) -> bool:
+        """Whether a hedge goes now: a tail that threatens the deadline, time for a median
+        answer, a free slot, a token, a turn.
 
-        It never waits for anything: not for a slot (one free within the
+        With a percentile's delay, only a supplier whose calls run past the
+        time the first attempt had at least ``HEDGE_TAIL`` of the time is
+        hedged: one whose slowest answers fit anyway gains only load. It
+        never waits for anything: not for a slot (one free within the
         supplier's share, or none), not for its rate's turn, not for an
-        OAuth2 token; and none while the supplier is paused. Its token comes
-        from the retry budget the supplier's retries spend.
+        OAuth2 token; and none while the supplier is paused.
+        Its token comes from the retry budget the supplier's retries spend.
         """
         name = trace.supplier
-        assert state.answer_times is not None
-        median = state.answer_times.percentile(0.5) or 0.0
+        times = state.answer_times
+        assert times is not None
+        assert state.hedge is not None
+        if state.hedge.delay is None:
+            late = times.survival(call.deadline - sent_at)
+            if late is None or late < HEDGE_TAIL:
+                return False
+        median = times.percentile(0.5) or 0.0
         if call.deadline - time.monotonic() < median:
             return False
         if self.pauses.active and self.pauses.until(name) is not None:
@@ -880,7 +893,7 @@ class SupplierClient:
         """Cancelled because the other attempt of a hedged race won: bill it as such."""
         now = time.monotonic()
         if state.answer_times is not None:
-            state.answer_times.observe(now - started)
+            state.answer_times.observe(now - started, answered=False)  # at least this long
         trace.attempts.append(_record(attempt, waiting_since, started, now, CANCELLED, hedge=hedge))
 
     def _cut(
@@ -896,6 +909,8 @@ class SupplierClient:
         """The deadline (or the caller leaving) cut a sent attempt: bill it, learn from it."""
         now = time.monotonic()
         ran = now - started
+        if state.answer_times is not None:
+            state.answer_times.observe(ran, answered=False)  # at least this long
         estimate = state.attempt_time
         kind = call.request.scenario
         # Cut before it had a fair time: QuoteFlow was late, not the supplier

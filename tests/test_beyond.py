@@ -12,7 +12,13 @@ import pytest
 
 from quoteflow.app import SUPPLIER_CLIENT
 from quoteflow.handlers import SERVICE
-from quoteflow.retry import AttemptTimeEstimate, RetryBudget, retry_after_delay
+from quoteflow.retry import (
+    RANK_EVERY,
+    AnswerTimes,
+    AttemptTimeEstimate,
+    RetryBudget,
+    retry_after_delay,
+)
 from tests.conftest import TEST_BUDGET, StartQuoteFlow
 from tests.fakes import (
     FakeSuppliers,
@@ -339,3 +345,22 @@ def test_a_cut_lapses_after_its_memory_with_nothing_new_observed() -> None:
     time.sleep(0.06)
     assert estimate.needed == 0.05
     assert estimate.needed_at(time.monotonic()) == 0.05
+
+
+def test_answer_times_read_cut_and_cancelled_attempts_as_at_least() -> None:
+    """Kaplan-Meier: a lower bound keeps the share still unanswered up; ten answers first."""
+    times = AnswerTimes()
+    for _ in range(9):
+        times.observe(0.1)
+    assert times.survival(0.5) is None  # fewer than ten answers: nothing said yet
+    times.observe(0.1)
+    time.sleep(RANK_EVERY)  # the estimate is re-made at most this often
+    assert times.survival(0.5) == 0.0
+    assert times.percentile(0.7) == 0.1
+    times.observe(0.8, answered=False)  # cut at the deadline: at least 0.8 s
+    times.observe(0.3, answered=False)  # a hedge's loser: at least 0.3 s
+    time.sleep(RANK_EVERY)
+    assert times.survival(0.05) == 1.0
+    assert times.survival(0.5) == pytest.approx(2 / 12)
+    assert times.percentile(0.5) == 0.1
+    assert times.percentile(0.9) == 0.1  # never reached: the longest answer

@@ -207,23 +207,30 @@ async def test_off_means_off(start: Start, suppliers: FakeSuppliers) -> None:
     assert [set(a) - {"hedge"} == set(a) for a in bill["attempts"]] == [True]
 
 
-async def test_a_percentile_hedge_waits_for_enough_answers_then_goes_at_it(
+async def test_a_percentile_hedge_waits_for_answers_and_goes_only_where_the_tail_is_late(
     start: Start, suppliers: FakeSuppliers
 ) -> None:
-    """``--hedge``: no hedge before ten answers are known; then one at the 20 ms floor or later."""
+    """``--hedge``: none before ten answers; then boreal, whose calls sometimes run out the
+    budget, is hedged at the 20 ms floor, and atlas, whose answers all fit, never is."""
     client = await start(hedge=True)
     suppliers.script("boreal", fakes.delay(0.2))
     await ask(client, "early")
     assert suppliers.count("boreal") == 1  # nothing known yet: no hedge
     for n in range(10):
         await ask(client, f"warm-{n}")
+    suppliers.script("boreal", fakes.hang())
+    answer = await ask(client, "tail")  # boreal's tail: cut at the deadline, at least that long
+    assert {"supplier": "boreal", "code": "timeout"} in answer["failures"]
     before = suppliers.count("boreal")
     suppliers.script("boreal", fakes.delay(0.3))
+    suppliers.script("atlas", fakes.delay(0.3))
     answer = await ask(client, "late")
     arrived = suppliers.of("boreal")[before:]
     assert [r.headers["X-Attempt"] for r in arrived] == ["1", "2"]
     assert arrived[1].at - arrived[0].at >= 0.015
     assert answer["explain"]["suppliers"]["boreal"]["won"] == 2
+    assert [r.headers["X-Attempt"] for r in suppliers.of("atlas")[-1:]] == ["1"]
+    assert "won" not in answer["explain"]["suppliers"]["atlas"]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,356 @@
+"""The tails section of ``make bench`` (issue 38): suppliers whose latency has a tail, hedged.
+
+Each run starts a FRESH lab (``--seed 1``) and QuoteFlow (defaults, the
+case's ``--event-loop``; with ``--hedge`` or without, the control) and drives
+it with closed-loop callers (``bench.slow``'s client) for ``DURATION_S``
+after a warm-up of ``WARM_UP_S`` whose answers are not counted (the hedge
+needs ten answers to know its delay, and the retry budget's first burst is
+spent by then). The lab's latency faults: atlas and cedar lognormal with a
+median of 60 ms (sigma 0.3), boreal median 200 ms (sigma 0.9: about 6 % of
+its answers past the 0.8 s budget).
+
+Cases and issue 38's targets:
+
+- ``tails``, 2 and 4 callers, hedging on and off: answers with all three
+  quotes (≥ 98 % at 2 callers, ≥ 96 % at 4), supplier calls per answer
+  (≤ 3.40), p90 at the client (≤ 500 ms); beside them the oracle: every
+  call at t = 0 with no limit, simulated from the same distributions.
+- ``all400``, 8 callers, hedging on: every supplier at a constant 400 ms;
+  hedges ≤ 2 % of calls, none late, no ``circuit_open``.
+- ``hang``, 8 callers, hedging on and off: boreal hangs; hedging on sends
+  boreal no more than off (within 5 %), and its breaker opens.
+
+Standalone (JSON on stdout, a line per run on stderr)::
+
+    python -m bench.tails
+    python -m bench.tails --case tails --callers 2 --loop uvloop --duration 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from bench.core import Bench
+from bench.procs import Service, free_port, http, start, stop
+from bench.report import Target
+from bench.slow import Answer, loops, run_client
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST = "127.0.0.1"
+NAME = "tails"
+SUPPLIERS = ("atlas", "boreal", "cedar")
+DURATION_S = 20.0
+WARM_UP_S = 5.0
+BUDGET_S = 0.8
+GRACE_S = 0.15
+TAILS: Mapping[str, Mapping[str, object]] = {
+    "atlas": {"kind": "latency", "ms": 60, "sigma": 0.3},
+    "boreal": {"kind": "latency", "ms": 200, "sigma": 0.9},
+    "cedar": {"kind": "latency", "ms": 60, "sigma": 0.3},
+}
+CONSTANT400: Mapping[str, Mapping[str, object]] = {
+    s: {"kind": "latency", "ms": 400} for s in SUPPLIERS
+}
+HANG: Mapping[str, Mapping[str, object]] = {"boreal": {"kind": "hang"}}
+RUNS: tuple[tuple[str, int, bool], ...] = (
+    ("tails", 2, False),
+    ("tails", 2, True),
+    ("tails", 4, False),
+    ("tails", 4, True),
+    ("all400", 8, True),
+    ("hang", 8, False),
+    ("hang", 8, True),
+)
+"""(case, callers, hedging) in the order the section runs them, each under every loop."""
+
+
+def _faults(case: str) -> Mapping[str, Mapping[str, object]]:
+    return {"tails": TAILS, "all400": CONSTANT400, "hang": HANG}[case]
+
+
+def oracle(answers: int = 200_000, seed: int = 1) -> float:
+    """Share of answers with all three quotes if every call started at t = 0, with no limit."""
+    rng = random.Random(seed)
+    within = 0
+    for _ in range(answers):
+        draws = [
+            float(str(TAILS[s]["ms"])) * math.exp(float(str(TAILS[s]["sigma"])) * rng.gauss(0, 1))
+            for s in SUPPLIERS
+        ]
+        within += max(draws) <= BUDGET_S * 1000
+    return within / answers
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def one_run(
+    case: str, callers: int, hedge: bool, loop: str, log_dir: Path, duration_s: float
+) -> dict[str, Any]:
+    """A fresh lab and QuoteFlow, the case's faults, a warm-up, then the measured window."""
+    lab_port = free_port()
+    services: list[Service] = []
+    try:
+        lab = start(
+            "lab",
+            [
+                sys.executable,
+                "-m",
+                "provider_lab",
+                "--host",
+                HOST,
+                "--port",
+                str(lab_port),
+                "--seed",
+                "1",
+            ],
+            lab_port,
+            log_dir,
+            cwd=ROOT,
+        )
+        services.append(lab)
+        for supplier, fault in _faults(case).items():
+            status, _, body = http("PUT", f"{lab.url}/faults/{supplier}", fault)
+            if status not in (200, 201):
+                raise RuntimeError(f"lab fault {supplier}: {status} {body}")
+        port = free_port()
+        argv = [sys.executable, "-m", "quoteflow", "--host", HOST, "--port", str(port)]
+        argv += ["--provider-url", lab.url, "--event-loop", loop]
+        if hedge:
+            argv.append("--hedge")
+        quoteflow = start(f"quoteflow-{case}-{callers}-{loop}", argv, port, log_dir, cwd=ROOT)
+        services.append(quoteflow)
+        run_client(quoteflow.url, callers, WARM_UP_S, explain=False)
+        _, _, before = http("GET", lab.url + "/stats?summary=1", timeout=30)
+        metrics_before = _metrics_text(quoteflow.url)
+        answers, _ = run_client(quoteflow.url, callers, duration_s, explain=False)
+        _, _, after = http("GET", lab.url + "/stats?summary=1", timeout=30)
+        metrics_after = _metrics_text(quoteflow.url)
+    finally:
+        for service in reversed(services):
+            stop(service)
+    return {
+        "case": case,
+        "callers": callers,
+        "hedge": hedge,
+        "loop": loop,
+        **_figures(answers, duration_s),
+        "calls": {s: _sent(after, s) - _sent(before, s) for s in SUPPLIERS},
+        "hedges": {
+            event: _metric(metrics_after, "quoteflow_hedges_total", event=event)
+            - _metric(metrics_before, "quoteflow_hedges_total", event=event)
+            for event in ("sent", "won", "cancelled")
+        },
+    }
+
+
+def _metrics_text(url: str) -> str:
+    status, _, body = http("GET", url + "/metrics", timeout=10)
+    return body if status == 200 and isinstance(body, str) else ""
+
+
+def _sent(stats: Mapping[str, Any], supplier: str) -> int:
+    """Requests that reached ``supplier`` (the lab's ``per_supplier`` count)."""
+    return int(stats.get("per_supplier", {}).get(supplier, 0))
+
+
+def _figures(answers: Sequence[Answer], window_s: float) -> dict[str, Any]:
+    inside = [a for a in answers if a.done_s <= window_s and a.status is not None]
+    ok = [a for a in inside if a.status == 200]
+    complete = sum(1 for a in ok if set(SUPPLIERS) <= set(a.quoted))
+    latencies = sorted(a.latency_s * 1000 for a in inside)
+    p90 = (
+        latencies[min(len(latencies) - 1, math.ceil(0.9 * len(latencies)) - 1)] if latencies else 0
+    )
+    circuit_open = sum(1 for a in ok if "circuit_open" in a.failures.values())
+    return {
+        "answers": len(inside),
+        "ok": len(ok),
+        "complete": complete,
+        "complete_share": round(complete / len(ok), 4) if ok else 0.0,
+        "p90_ms": round(p90, 1),
+        "late": sum(1 for ms in latencies if ms > (BUDGET_S + GRACE_S) * 1000),
+        "circuit_open_answers": circuit_open,
+        "boreal_circuit_open": sum(1 for a in ok if a.failures.get("boreal") == "circuit_open"),
+    }
+
+
+def calls_per_answer(run: Mapping[str, Any]) -> float:
+    ok = int(run["ok"]) or 1
+    calls: Mapping[str, int] = run["calls"]
+    return round(sum(calls.values()) / ok, 3)
+
+
+def run_tails(bench: Bench) -> dict[str, Any]:
+    """Every run of ``RUNS`` under every loop, and the oracle."""
+    return _all(bench.log_dir, DURATION_S, RUNS, loops())
+
+
+def _all(
+    log_dir: Path,
+    duration_s: float,
+    chosen: Sequence[tuple[str, int, bool]],
+    event_loops: Sequence[str],
+) -> dict[str, Any]:
+    runs = []
+    for case, callers, hedge in chosen:
+        for loop in event_loops:
+            record = one_run(case, callers, hedge, loop, log_dir, duration_s)
+            record["calls_per_answer"] = calls_per_answer(record)
+            print(_line(record), file=sys.stderr, flush=True)
+            runs.append(record)
+    return {"duration_s": duration_s, "oracle": round(oracle(), 4), "runs": runs}
+
+
+def _line(run: Mapping[str, Any]) -> str:
+    return (
+        f"tails {run['case']} ×{run['callers']} {'hedge' if run['hedge'] else 'off'} "
+        f"{run['loop']}: complete {run['complete_share']:.1%}, calls/answer "
+        f"{run['calls_per_answer']}, p90 {run['p90_ms']} ms, late {run['late']}, "
+        f"hedges {run['hedges']}, calls {run['calls']}"
+    )
+
+
+def summarize(section: dict[str, Any]) -> dict[str, Any]:
+    """The runs by case, callers and hedging, then loop; the oracle."""
+    by: dict[str, dict[str, Any]] = {}
+    for run in section["runs"]:
+        label = f"{run['case']}×{run['callers']} {'hedge' if run['hedge'] else 'off'}"
+        by.setdefault(label, {})[run["loop"]] = run
+    return {"oracle": section["oracle"], "runs": by}
+
+
+def judge(
+    label: str, run: Mapping[str, Any], runs: Mapping[str, Any]
+) -> list[tuple[str, str, bool]]:
+    """(what, value, met) for one run, per issue 38."""
+    checks: list[tuple[str, str, bool]] = []
+    if label.startswith("tails") and label.endswith("hedge"):
+        least = 0.98 if "×2" in label else 0.96
+        checks += [
+            (
+                f"complete ≥ {least:.0%}",
+                f"{run['complete_share']:.1%}",
+                run["complete_share"] >= least,
+            ),
+            (
+                "calls per answer ≤ 3.40",
+                str(run["calls_per_answer"]),
+                run["calls_per_answer"] <= 3.40,
+            ),
+            ("p90 at the client ≤ 500 ms", str(run["p90_ms"]), run["p90_ms"] <= 500),
+        ]
+    if label.startswith("all400"):
+        calls = sum(run["calls"].values()) or 1
+        share = run["hedges"]["sent"] / calls
+        checks += [
+            ("hedges ≤ 2 % of calls", f"{share:.1%}", share <= 0.02),
+            ("none late", str(run["late"]), run["late"] == 0),
+            ("no circuit_open", str(run["circuit_open_answers"]), run["circuit_open_answers"] == 0),
+        ]
+    if label == "hang×8 hedge":
+        off = runs.get("hang×8 off", {}).get(run["loop"])
+        if off is not None:
+            ratio = run["calls"]["boreal"] / max(1, off["calls"]["boreal"])
+            checks.append(("boreal calls ÷ off ≤ 1.05", f"{ratio:.3f}", ratio <= 1.05))
+        checks.append(
+            ("its breaker opens", str(run["boreal_circuit_open"]), run["boreal_circuit_open"] > 0)
+        )
+    return checks
+
+
+def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per target, asyncio | uvloop; the controls' figures and the oracle reported."""
+    rows: list[Target] = []
+    runs = summary["runs"]
+    for label, by_loop in runs.items():
+        pair = [by_loop.get("asyncio"), by_loop.get("uvloop")]
+        present = [run for run in pair if run is not None]
+        if not present:
+            continue
+        for index, (what, _, _) in enumerate(judge(label, present[0], runs)):
+            values = [judge(label, r, runs)[index][1] if r else "–" for r in pair]
+            met = all(judge(label, r, runs)[index][2] for r in present)
+            rows.append(
+                Target(
+                    NAME,
+                    f"{label}: {what} (asyncio | uvloop)",
+                    values[0],
+                    values[1],
+                    "",
+                    "issue 38",
+                    met,
+                )
+            )
+        if label.startswith("tails") and label.endswith("off"):
+            for key in ("complete_share", "calls_per_answer", "p90_ms"):
+                values = [str(r[key]) if r else "–" for r in pair]
+                rows.append(
+                    Target(
+                        NAME,
+                        f"{label}: {key} (asyncio | uvloop)",
+                        values[0],
+                        values[1],
+                        "",
+                        "reported",
+                        None,
+                    )
+                )
+    rows.append(
+        Target(
+            NAME,
+            "oracle: all three within the budget, every call at t=0",
+            str(summary["oracle"]),
+            "",
+            "",
+            "reported",
+            None,
+        )
+    )
+    return [attrs.asdict(row) for row in rows]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.tails", description=__doc__)
+    parser.add_argument("--case", choices=("tails", "all400", "hang", "all"), default="all")
+    parser.add_argument("--callers", type=int, default=None)
+    parser.add_argument("--loop", choices=("asyncio", "uvloop", "both"), default="both")
+    parser.add_argument("--duration", type=float, default=DURATION_S)
+    options = parser.parse_args(argv)
+    chosen = [
+        run for run in RUNS if options.case in ("all", run[0]) and options.callers in (None, run[1])
+    ]
+    event_loops = loops() if options.loop == "both" else (options.loop,)
+    with tempfile.TemporaryDirectory(prefix="bench-tails-") as folder:
+        started = time.monotonic()
+        section = _all(Path(folder), options.duration, chosen, event_loops)
+    summary = summarize(section)
+    for row in targets(summary):
+        mark = {True: "met", False: "NOT met", None: "reported"}[row["met"]]
+        print(f"{row['metric']}: {row['quoteflow']} | {row['bare']} — {mark}", file=sys.stderr)
+    section["elapsed_s"] = round(time.monotonic() - started, 1)
+    json.dump(section, sys.stdout, indent=1)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
