@@ -50,6 +50,7 @@ from bench import (
     hot,
     report,
     slow,
+    tails,
     tracing,
 )
 from bench.core import Bench, Options, event_loops, machine
@@ -68,6 +69,7 @@ SECTIONS = (
     apis.NAME,
     contracts.NAME,
     carts.NAME,
+    tails.NAME,
 )
 """The sections ``main`` runs, by the name ``--only`` takes (besides the workloads')."""
 
@@ -134,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results[slow.NAME] = slow.run_slow(bench)
         if not options.only or carts.NAME in options.only:
             results[carts.NAME] = carts.run_carts(bench)
+        if not options.only or tails.NAME in options.only:
+            results[tails.NAME] = tails.run_tails(bench)
         results["explain"] = bench.explain_bills()
         if options.profile:
             results["profile"] = bench.profile()
@@ -177,6 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if carts.NAME in results:
         results["summary"][carts.NAME] = carts.summarize(results[carts.NAME])
         results["summary"]["targets"] += carts.targets(results["summary"][carts.NAME])
+    if tails.NAME in results:
+        results["summary"][tails.NAME] = tails.summarize(results[tails.NAME])
+        results["summary"]["targets"] += tails.targets(results["summary"][tails.NAME])
     results["elapsed_s"] = round(time.monotonic() - began, 1)
     options.out_dir.mkdir(parents=True, exist_ok=True)
     out = options.out_dir / "latest.json"
