@@ -201,14 +201,7 @@ def decode_request(body: bytes) -> QuoteRequest:
     Raises ``BadRequestBody`` when it is not JSON and ``InvalidRequest``, with
     every field error, when it is JSON but not a valid request.
     """
-    try:
-        obj = _loads(body)
-    except _UnusableJSON as exc:
-        raise InvalidRequest([FieldError((), str(exc))]) from exc
-    except ValueError as exc:
-        raise BadRequestBody(str(exc)) from exc
-    if type(obj) is not dict:
-        raise InvalidRequest([FieldError((), f"must be a JSON object, not {_json_type(obj)}")])
+    obj = _json_object(body)
     try:
         return _structure_request(obj, QuoteRequest)
     except ClassValidationError as exc:
@@ -228,14 +221,7 @@ def decode_cart(body: bytes, max_lines: int) -> CartRequest:
     earlier one: merging them silently would hide a mistake in the bill.
     Raises ``BadRequestBody`` when it is not JSON, ``InvalidRequest`` otherwise.
     """
-    try:
-        obj = _loads(body)
-    except _UnusableJSON as exc:
-        raise InvalidRequest([FieldError((), str(exc))]) from exc
-    except ValueError as exc:
-        raise BadRequestBody(str(exc)) from exc
-    if type(obj) is not dict:
-        raise InvalidRequest([FieldError((), f"must be a JSON object, not {_json_type(obj)}")])
+    obj = _json_object(body)
     errors = [FieldError((key,), "unknown field") for key in sorted(set(obj) - _CART_KEYS)]
     scenario = "normal"
     if "scenario" in obj:
@@ -301,6 +287,19 @@ def _line_quantity(value: Any, _: type) -> int:
     if not 1 <= value <= MAX_LINE_QUANTITY:
         raise ValueError(f"must be from 1 to {MAX_LINE_QUANTITY}, got {value}")
     return value
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    """An inbound body as a JSON object: ``BadRequestBody`` if not JSON, else ``InvalidRequest``."""
+    try:
+        obj = _loads(body)
+    except _UnusableJSON as exc:
+        raise InvalidRequest([FieldError((), str(exc))]) from exc
+    except ValueError as exc:
+        raise BadRequestBody(str(exc)) from exc
+    if type(obj) is not dict:
+        raise InvalidRequest([FieldError((), f"must be a JSON object, not {_json_type(obj)}")])
+    return obj
 
 
 def _field_errors(exc: ClassValidationError) -> list[FieldError]:

@@ -190,11 +190,7 @@ async def carts(request: web.Request) -> web.Response:
     request.app[TELEMETRY].cart_served(report)
     body = encode_cart(report.result)
     if request.query.get("explain") in ("1", "true"):
-        body["explain"] = explain = encode_cart_explain(report)
-        current = request.app.get(CURRENT_TRACE)
-        trace_id = None if current is None else current.trace_id()
-        if trace_id is not None:
-            explain["trace_id"] = trace_id
+        body["explain"] = _traced(request, encode_cart_explain(report))
     return _json(body)
 
 
@@ -202,12 +198,17 @@ def _answer(request: web.Request, report: QuoteReport) -> web.Response:
     request.app[TELEMETRY].served(report)
     body = encode_result(report.result)
     if request.query.get("explain") in ("1", "true"):
-        body["explain"] = explain = encode_explain(report)
-        current = request.app.get(CURRENT_TRACE)
-        trace_id = None if current is None else current.trace_id()
-        if trace_id is not None:
-            explain["trace_id"] = trace_id
+        body["explain"] = _traced(request, encode_explain(report))
     return _json(body)
+
+
+def _traced(request: web.Request, explain: dict[str, Any]) -> dict[str, Any]:
+    """The bill, naming the request's trace when tracing is on."""
+    current = request.app.get(CURRENT_TRACE)
+    trace_id = None if current is None else current.trace_id()
+    if trace_id is not None:
+        explain["trace_id"] = trace_id
+    return explain
 
 
 async def _read_body(request: web.Request, cap: int | None = None) -> bytes:

@@ -536,8 +536,6 @@ class Telemetry:
                     self._hedges.inc(trace.supplier, "sent")
                 if record.outcome == CANCELLED:
                     self._hedges.inc(trace.supplier, "cancelled")
-            if trace.won == 2:
-                self._hedges.inc(trace.supplier, "won")
                 if log.isEnabledFor(level):
                     log_event(
                         log,
@@ -545,6 +543,8 @@ class Telemetry:
                         "supplier_attempt",
                         _attempt_fields(result.request_id, trace, record, deadline, last),
                     )
+            if trace.won == 2:
+                self._hedges.inc(trace.supplier, "won")
             if trace.stopped == STOPPED_DEADLINE:
                 self._timeouts.inc(trace.supplier)
             elif trace.stopped == STOPPED_CIRCUIT_OPEN:

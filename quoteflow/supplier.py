@@ -1112,27 +1112,9 @@ def _batch_answer(
 
 def _batch_adapted(adapter: Adapter, body: bytes, supplier: str, call: _Call) -> Mapping[str, Any]:
     """A batch body through the catalogue's adapter: SKU → quote mapping or ``"not_found"``."""
-    payload = decode_supplier_json(body)
     scenario = call.request.scenario
     asked = [Asked(supplier, line.sku, line.quantity, scenario) for line in call.lines]
-    try:
-        mapped: object = adapter(payload, asked)  # foreign code: its type hint is a hope
-    except Exception as exc:  # any failure of foreign code is bad data
-        log_event(
-            log,
-            logging.WARNING,
-            "adapter_failed",
-            {"supplier": supplier, "error": type(exc).__name__},
-        )
-        raise InvalidSupplierData(f"adapter raised {type(exc).__name__}") from None
-    if not isinstance(mapped, Mapping):
-        log_event(
-            log,
-            logging.WARNING,
-            "adapter_failed",
-            {"supplier": supplier, "error": f"returned {type(mapped).__name__}"},
-        )
-        raise InvalidSupplierData("adapter returned no mapping")
+    mapped = _mapping_from(adapter, decode_supplier_json(body), asked, supplier)
     return {
         sku: (entry if entry == NOT_FOUND else dict(entry) if isinstance(entry, Mapping) else None)
         for sku, entry in mapped.items()
@@ -1143,30 +1125,29 @@ def _batch_adapted(adapter: Adapter, body: bytes, supplier: str, call: _Call) ->
 def _adapted(
     adapter: Adapter, body: bytes, supplier: str, sku: str, asked: Asked | None
 ) -> SupplierQuote:
-    """A foreign body through the catalogue's adapter, then the same strict checks as any.
+    """A foreign body through the catalogue's adapter, then the same strict checks as any."""
+    mapped = _mapping_from(adapter, decode_supplier_json(body), asked, supplier)
+    return supplier_quote_from(dict(mapped), supplier=supplier, sku=sku)
+
+
+def _mapping_from(
+    adapter: Adapter, payload: Any, asked: object | None, supplier: str
+) -> Mapping[Any, Any]:
+    """What the adapter makes of ``payload`` (and ``asked``), if it is a mapping.
 
     Whatever goes wrong in the adapter is the supplier's data being unusable:
     ``invalid_data``, logged with the supplier and the exception's class only
     (its message might quote the body).
     """
-    payload = decode_supplier_json(body)
     try:
         # Foreign code: its type hint is a hope.
         mapped: object = adapter(payload) if asked is None else adapter(payload, asked)
     except Exception as exc:  # any failure of foreign code is bad data
-        log_event(
-            log,
-            logging.WARNING,
-            "adapter_failed",
-            {"supplier": supplier, "error": type(exc).__name__},
-        )
-        raise InvalidSupplierData(f"adapter raised {type(exc).__name__}") from None
+        failed = type(exc).__name__
+        log_event(log, logging.WARNING, "adapter_failed", {"supplier": supplier, "error": failed})
+        raise InvalidSupplierData(f"adapter raised {failed}") from None
     if not isinstance(mapped, Mapping):
-        log_event(
-            log,
-            logging.WARNING,
-            "adapter_failed",
-            {"supplier": supplier, "error": f"returned {type(mapped).__name__}"},
-        )
+        returned = f"returned {type(mapped).__name__}"
+        log_event(log, logging.WARNING, "adapter_failed", {"supplier": supplier, "error": returned})
         raise InvalidSupplierData("adapter returned no mapping")
-    return supplier_quote_from(dict(mapped), supplier=supplier, sku=sku)
+    return mapped

@@ -472,3 +472,30 @@ async def test_a_half_open_supplier_is_probed_by_one_call_of_a_cart_and_closes_a
     answer = await post_cart(client, cart("A", "B", "C"))
     assert sorted(batch.calls()[2:]) == [["A"], ["B"], ["C"]]
     assert all(line["failures"] == [] for line in answer["lines"])
+
+
+async def test_items_may_be_a_dotted_path_into_the_body(start: Start, api: ForeignApi) -> None:
+    """``items = "variables.queries"`` (a GraphQL API's shape): lines go in that nested array."""
+
+    async def answer(request: web.Request, arrived: Arrived) -> web.StreamResponse:
+        queries = json.loads(arrived.body)["variables"]["queries"]
+        quotes = [good(q["mpn"], 1) for q in queries]
+        return web.json_response({"quotes": quotes, "not_found": []})
+
+    api.answer = answer
+    graphql = {
+        "name": "bulk",
+        "url": f"{api.url}/bulk/graphql",
+        "method": "POST",
+        "body": {
+            "query": "query M($queries: [Q!]!) { match(queries: $queries) { mpn } }",
+            "variables": {"queries": [{"mpn": "{sku}", "limit": 1}]},
+        },
+        "batch": {"max_items": 10, "items": "variables.queries"},
+    }
+    client = await start([graphql])
+    answer_body = await post_cart(client, cart("A", "B"))
+    sent = json.loads(api.arrived[0].body)
+    assert sent["variables"]["queries"] == [{"mpn": "A", "limit": 1}, {"mpn": "B", "limit": 1}]
+    assert sent["query"].startswith("query M")
+    assert all(len(line["quotes"]) == 1 for line in answer_body["lines"])
