@@ -123,6 +123,10 @@ log = logging.getLogger("quoteflow")
 REQUEST_ID_ATTRIBUTE: Final = "quoteflow.request_id"
 CALLER_ATTRIBUTE: Final = "quoteflow.caller"
 SUPPLIER: Final = "quoteflow.supplier"
+HEDGE: Final = "quoteflow.hedge"
+"""On an attempt's span: it was a hedge, sent while the first attempt was still out."""
+WON: Final = "quoteflow.won"
+"""On a hedged supplier call's span: the attempt whose quote came first."""
 LINES: Final = "quoteflow.lines"
 """On a cart's supplier call: how many of its lines the call asked for."""
 OUTCOME: Final = "quoteflow.outcome"
@@ -620,6 +624,8 @@ class Tracing:
         }
         if trace.lines:
             attributes[LINES] = len(trace.lines)  # a cart's call
+        if trace.won is not None:
+            attributes[WON] = trace.won  # a hedged call: whose quote came first
         if stopped is not None:
             attributes[STOPPED] = stopped
         for name, value in ((JOINED, trace.joined), (HANDED_OVER, trace.handed_over)):
@@ -695,9 +701,13 @@ class Tracing:
             return
         attributes[OUTCOME] = record.outcome
         attributes[SLOT_WAIT_MS] = round(record.slot_wait * 1000, 3)
+        if record.hedge:
+            attributes[HEDGE] = True  # sent while the first was still out
         if record.status is not None:
             attributes[HTTP_RESPONSE_STATUS_CODE] = record.status
-        failed = record.outcome != OK
+        # A hedged call's loser, cancelled because the other won, is no failure
+        # (``models.CANCELLED``: the same word as a call the caller left).
+        failed = record.outcome not in (OK, CANCELLED)
         if failed:
             # A refusal's status, else our code for what went wrong (invalid_data, ...).
             refused = record.status is not None and record.status != 200

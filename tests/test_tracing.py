@@ -804,3 +804,41 @@ async def test_a_carts_batch_calls_get_a_span_each_with_their_lines(
         (attempt,) = trace.children(call)
         assert attempt.kind == CLIENT
         assert attempt.attributes["url.full"].startswith(f"{lab_url}/batch/atlas/match")
+
+
+async def test_a_hedged_call_shows_the_hedge_and_a_cancelled_loser_that_is_no_error(
+    start_traced: StartTraced, receiver: Receiver, lab: TestServer, tmp_path: Path
+) -> None:
+    """boreal's first attempt held 1 s by the lab: the hedge wins; the loser's span is no error."""
+    lab_url = str(lab.make_url("")).rstrip("/")
+    path = tmp_path / "suppliers.toml"
+    path.write_text(
+        "".join(
+            f'[[supplier]]\nname = "{name}"\nurl = "{lab_url}/quotes/{name}"\n{extra}\n'
+            for name, extra in (
+                ("atlas", ""),
+                ("boreal", "hedge = { delay = 0.05 }"),
+                ("cedar", ""),
+            )
+        )
+    )
+    async with aiohttp.ClientSession() as session:
+        fault = {"kind": "latency", "ms": 1000, "count": 1}
+        async with session.put(lab.make_url("/faults/boreal"), json=fault) as answer:
+            assert answer.status in (200, 201)
+    settings = Settings(suppliers_file=str(path))
+    client = await start_traced(
+        catalogue=load_catalogue(settings, {}), suppliers_file=str(path), budget=1.5
+    )
+    body = await quote(client)
+    assert body["explain"]["suppliers"]["boreal"]["won"] == 2
+    trace = await receiver.trace_of(body["request_id"], spans=1 + 3 + 4)
+    boreal = trace.supplier("boreal")
+    assert boreal.attributes["quoteflow.won"] == 2
+    assert boreal.status != ERROR
+    by_attempt = {span.attributes["quoteflow.attempt"]: span for span in trace.children(boreal)}
+    assert by_attempt[1].attributes["quoteflow.outcome"] == "cancelled"
+    assert by_attempt[1].status != ERROR
+    assert "quoteflow.hedge" not in by_attempt[1].attributes
+    assert by_attempt[2].attributes["quoteflow.hedge"] is True
+    assert by_attempt[2].attributes["quoteflow.outcome"] == "ok"
