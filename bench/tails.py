@@ -41,7 +41,7 @@ from typing import Any
 
 import attrs
 
-from bench.core import Bench
+from bench.core import SLOW_FULL_S, Bench
 from bench.procs import Service, free_port, http, start, stop
 from bench.report import Target
 from bench.slow import Answer, loops, run_client
@@ -200,8 +200,9 @@ def calls_per_answer(run: Mapping[str, Any]) -> float:
 
 
 def run_tails(bench: Bench) -> dict[str, Any]:
-    """Every run of ``RUNS`` under every loop, and the oracle."""
-    return _all(bench.log_dir, DURATION_S, RUNS, loops())
+    """Every run of ``RUNS`` under every loop, and the oracle (shorter under ``--quick``)."""
+    scale = bench.options.slow_duration_s / SLOW_FULL_S
+    return _all(bench.log_dir, DURATION_S * scale, RUNS, loops())
 
 
 def _all(
