@@ -21,7 +21,7 @@ from quoteflow.options import load_catalogue
 from quoteflow.reload import reload_all
 from tests.api_fakes import Arrived, ForeignApi, catalogue_text
 from tests.catalogue_fakes import offer
-from tests.conftest import TEST_CONNECT_TIMEOUT
+from tests.conftest import LOADED_MARGIN, TEST_CONNECT_TIMEOUT
 from tests.redis_server import RedisServer
 from tests.test_fleet import wait_until
 
@@ -201,9 +201,14 @@ async def test_attempts_past_the_rate_stand_in_line_and_one_too_far_back_is_refu
     assert 20 + 2 <= len(quoted) <= 20 + 10  # the burst, then a turn every 50 ms
     waited = [a["explain"]["suppliers"]["quay"].get("rate_wait_ms") for a in quoted]
     assert sum(w is not None for w in waited) >= 2  # those in line waited for a turn
-    # (Before the line, every one of them waited to about 410 ms.)
-    at_once = [a for a in refused if a["elapsed_ms"] < BUDGET * 1000 * 0.6]
-    assert len(at_once) >= len(refused) - 2, [a["elapsed_ms"] for a in refused]
+    # (Before the line, every one of them waited to about 410 ms.) Told at once:
+    # the time each stood in the line, not its elapsed_ms, which a loop starved
+    # by a loaded machine delays for all of them alike (seen: twelve refusals at
+    # 313 ms elapsed, each having waited no turn).
+    in_line = [a["explain"]["suppliers"]["quay"].get("rate_wait_ms", 0.0) for a in refused]
+    at_once = [ms for ms in in_line if ms < BUDGET * 1000 * 0.6]
+    assert len(at_once) >= len(refused) - 2, in_line
+    assert all(a["elapsed_ms"] < (BUDGET + 2 * LOADED_MARGIN) * 1000 for a in refused)
     assert sent_to_quay(api) == len(quoted)
 
 
