@@ -268,9 +268,11 @@ class _SupplierState:
         """The OAuth2 token of a supplier with an ``oauth2`` client (set by ``SupplierClient``)."""
         self.hedge = supplier.hedge if supplier.batch is None else None
         """When a late first attempt is joined by the second (``_hedged``); None: never."""
-        self.answer_times = answer_times or (AnswerTimes() if self.hedge is not None else None)
+        self.answer_times = (answer_times or AnswerTimes()) if self.hedge is not None else None
         """Recent answer times, for a percentile's hedge delay (kept across a reload)."""
         self.item_rate = supplier.batch is not None and supplier.batch.rate_unit == "item"
+        self.told_too_large = False
+        """A 413 to a batch call was logged (``batch_too_large``): once per catalogue entry."""
         """Its ``rate`` counts lines, not calls (``[supplier.batch] rate_unit = "item"``)."""
         self.adapter: Adapter | None = supplier.adapter
         self.asks_adapter = supplier.adapter_takes_asked
@@ -577,8 +579,8 @@ class SupplierClient:
         result = await self._ask(state, call, trace)
         if result.lines is not None:
             return result.lines
-        if result.status == 413 and state.spec.name not in _TOO_LARGE_LOGGED:
-            _TOO_LARGE_LOGGED.add(state.spec.name)
+        if result.status == 413 and not state.told_too_large:
+            state.told_too_large = True
             log_event(
                 log,
                 logging.WARNING,
@@ -1073,10 +1075,6 @@ class SupplierClient:
             if len(body) > self._max_body:
                 raise InvalidSupplierData(f"body is over the cap of {self._max_body} bytes")
         return bytes(body)
-
-
-_TOO_LARGE_LOGGED: set[str] = set()
-"""Batch suppliers whose 413 (``max_items`` too large for them) was logged: once each."""
 
 
 def _batch_answer(

@@ -252,3 +252,20 @@ def test_a_bad_hedge_key_is_one_line_naming_the_supplier(
     with pytest.raises(ConfigError) as raised:
         load_catalogue(Settings(suppliers_file=path), {})
     assert f"supplier 'boreal': {message}" in str(raised.value)
+
+
+async def test_hedges_come_back_once_the_retry_budget_has_earned_a_token(
+    start: Start, suppliers: FakeSuppliers
+) -> None:
+    """A token spent on a losing hedge: the next slow call is not hedged; once requests have
+    earned a token back (half a token each here), the one after is hedged again."""
+    client = await start({"hedge": {"delay": 0.05}}, retry_budget_capacity=1, retry_budget_earn=0.5)
+    # Each request's first attempt answers in 0.15 s; a hedge would take 1 s and lose.
+    suppliers.always("boreal", fakes.first_time_per_request_id(fakes.delay(0.15), fakes.delay(1.0)))
+    hedged: list[bool] = []
+    for n in range(3):
+        before = suppliers.count("boreal")
+        await ask(client, f"budget-{n}")
+        hedged.append(suppliers.count("boreal") - before == 2)
+    # 1 token: spent (the hedge loses); 0.5: none; 1.0 earned back: hedged again.
+    assert hedged == [True, False, True]
