@@ -151,17 +151,22 @@ async def test_the_fan_out_stops_early_enough_to_answer_within_the_budget(
     assert 300 <= result["elapsed_ms"] < 360
 
 
-def hog_the_loop(after: float, turn: float, turns: int) -> Responder:
-    """Hang; from ``after`` on, make each of ``turns`` loop turns last ``turn`` seconds.
+def hog_the_loop(lead: float, turn: float, turns: int) -> Responder:
+    """Hang; from ``lead`` before the deadline, make ``turns`` loop turns last ``turn`` s.
 
     The hog runs first in every turn it lasts (it schedules its next run
     before anything else of that turn can), then blocks the whole loop —
     QuoteFlow's too — so that the turns QuoteFlow takes can be counted in time.
+    The deadline is read from the attempt's ``X-Deadline-Remaining-Ms``, not
+    reckoned from when the call arrives: on a loaded machine the call may
+    arrive tens of milliseconds after admission, and a hog timed from its
+    arrival would start after the deadline it is meant to straddle.
     """
 
     async def respond(request: web.Request) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         left = [turns]
+        after = int(request.headers["X-Deadline-Remaining-Ms"]) / 1000 - lead
 
         def hog() -> None:
             left[0] -= 1
@@ -190,7 +195,7 @@ async def test_the_deadline_cancels_each_supplier_call_in_the_next_loop_turn(
     turn later still: 3.5 turns.
     """
     turn = 0.08
-    suppliers.script("boreal", hog_the_loop(after=0.395 - turn / 2, turn=turn, turns=6))
+    suppliers.script("boreal", hog_the_loop(lead=turn / 2, turn=turn, turns=6))
     body = await explain(await start_quoteflow(budget=0.4))
     assert failure_of(body, "boreal") == "timeout"
     (attempt,) = body["explain"]["suppliers"]["boreal"]["attempts"]
