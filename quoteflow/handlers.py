@@ -40,6 +40,7 @@ from quoteflow.errors import (
 from quoteflow.models import QuoteReport
 from quoteflow.observe import BUSY, ERROR, INVALID, OK, Telemetry
 from quoteflow.service import QuoteService
+from quoteflow.waterfall import render_cart, render_quote
 
 SERVICE = web.AppKey("service", QuoteService)
 """The one ``QuoteService`` of the app, wired at start-up."""
@@ -119,7 +120,8 @@ async def openapi(request: web.Request) -> web.Response:
 async def quotes(request: web.Request) -> web.Response:
     """The cheapest usable quote for a SKU and quantity, with every supplier failure.
 
-    ``?explain=1`` adds the budget bill: every attempt of every supplier.
+    ``?explain=1`` adds the budget bill: every attempt of every supplier;
+    ``?explain=svg`` answers with the bill drawn instead (``waterfall.py``).
     """
     service = request.app[SERVICE]
     # Under overload a refusal must cost as little as possible: refuse before
@@ -189,17 +191,32 @@ async def carts(request: web.Request) -> web.Response:
             gate_pass.leave()
     request.app[TELEMETRY].cart_served(report)
     body = encode_cart(report.result)
-    if request.query.get("explain") in ("1", "true"):
+    explain = request.query.get("explain")
+    if explain is not None and explain in _EXPLAINED:
         body["explain"] = _traced(request, encode_cart_explain(report))
+        if explain == "svg":
+            return _svg(render_cart(body))
     return _json(body)
+
+
+_EXPLAINED = frozenset({"1", "true", "svg"})
+"""``?explain=`` values that add the bill; ``svg`` draws it instead of sending JSON."""
 
 
 def _answer(request: web.Request, report: QuoteReport) -> web.Response:
     request.app[TELEMETRY].served(report)
     body = encode_result(report.result)
-    if request.query.get("explain") in ("1", "true"):
+    explain = request.query.get("explain")
+    if explain is not None and explain in _EXPLAINED:
         body["explain"] = _traced(request, encode_explain(report))
+        if explain == "svg":
+            return _svg(render_quote(body))
     return _json(body)
+
+
+def _svg(drawing: str) -> web.Response:
+    """A bill drawn as a waterfall: only a 200 is ever drawn, refusals stay JSON."""
+    return web.Response(text=drawing, content_type="image/svg+xml", charset="utf-8")
 
 
 def _traced(request: web.Request, explain: dict[str, Any]) -> dict[str, Any]:
