@@ -28,6 +28,7 @@ from quoteflow.catalogue import MAX_SUPPLIERS, Catalogue
 from quoteflow.coalesce import CoalescingGateway
 from quoteflow.config import Settings
 from quoteflow.connections import ConnectionLimits, GuardedRunner, reserve_descriptors
+from quoteflow.console import add_console
 from quoteflow.fleet import Coordinator, LoopFairTimeout
 from quoteflow.hostmetrics import HostTelemetry
 from quoteflow.logs import log_event
@@ -150,6 +151,7 @@ def create_app(
         app.cleanup_ctx.append(_coordination)
     app.cleanup_ctx.append(_supplier_session(gateway, tracer))
     handlers.add_routes(app, callers=callers is not None)
+    add_console(app, settings)
     return app
 
 

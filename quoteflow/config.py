@@ -149,6 +149,12 @@ class Settings:
     """Quotes the cache holds at most (least recently used out first); 0 turns it off."""
     cache_max_age: float = attrs.field(default=30.0, validator=_positive)
     """Cap on a supplier's ``max-age`` and ``stale-if-error``, seconds."""
+    console: bool = attrs.field(default=False, validator=v.instance_of(bool))
+    """Serve the console page (``GET /console``): ask, burst and see each bill drawn."""
+    console_lab: str | None = attrs.field(default=None)
+    """A provider lab the console may switch faults and latency of (``/api/console/lab/``);
+    ``None`` (the default): no such routes. Only ever the lab: a real supplier has no
+    control API, and these routes forward nothing else."""
 
     @provider_url.validator
     def _check_provider_url(self, attribute: attrs.Attribute[str], value: str) -> None:
@@ -159,6 +165,21 @@ class Settings:
         except ValueError:
             raise ValueError(problem) from None
         if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(problem)
+
+    @console_lab.validator
+    def _check_console_lab(self, attribute: attrs.Attribute[str | None], value: str | None) -> None:
+        if value is None:
+            return
+        if not self.console:
+            raise ValueError("console_lab needs the console (--console)")
+        problem = f"console_lab must be an http(s) URL with a host, got {redact_url(value)!r}"
+        try:
+            url = URL(value)
+            url.port  # noqa: B018 -- parsing the port is the check
+        except ValueError:
+            raise ValueError(problem) from None
+        if url.scheme not in ("http", "https") or not url.host or url.query_string:
             raise ValueError(problem)
 
     @suppliers_file.validator

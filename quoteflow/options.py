@@ -119,6 +119,12 @@ _OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
         "quotes kept as their suppliers' Cache-Control allows; 0: no cache (default 0)",
     ),
     "cache_max_age": (float, "cap on a supplier's max-age and stale-if-error, seconds (30)"),
+    "console": (_boolean, "serve the console page at /console (default: off)"),
+    "console_lab": (
+        str,
+        "provider lab whose faults and latency the console may switch, e.g. "
+        "http://127.0.0.1:9101; needs --console (default: none)",
+    ),
 }
 
 _FLAGS = {
