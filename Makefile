@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest need-redis run fleet lab demo bench bench-quick bench-profile clean
+.PHONY: install test lint typecheck pytest need-redis need-chromium run fleet lab demo bench bench-quick bench-profile clean
 
 install: $(STAMP)
 
@@ -16,7 +16,7 @@ $(STAMP): setup.cfg pyproject.toml
 
 # Lint and type checks run beside the tests: most tests wait on sockets and
 # timers, so the two cores have room for them. The wall time is printed last.
-test: need-redis $(STAMP)
+test: need-redis need-chromium $(STAMP)
 	@start=$$(date +%s); \
 	$(MAKE) --no-print-directory -j3 --output-sync=target lint typecheck pytest; status=$$?; \
 	echo "make test: $$(( $$(date +%s) - start )) s wall"; exit $$status
@@ -28,7 +28,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) need-redis
+pytest: $(STAMP) need-redis need-chromium
 	# Three workers on two cores: the tests mostly wait on budgets and sockets
 	# (the suite kept 1.25 of the 2 cores busy at three), and their time
 	# bounds carry a margin for a loaded machine (docs/development.md). Whole
@@ -53,6 +53,23 @@ need-redis:
 	    exit 1; \
 	  fi; }
 
+# The console's browser tests drive Debian's chromium through Playwright (never a
+# browser Playwright downloads): installed here as redis-server is, and likewise
+# never a reason for those tests to skip under make test.
+CHROMIUM_INSTALL := apt-get update && apt-get install -y chromium
+
+need-chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "chromium not found: running \`$(CHROMIUM_INSTALL)\`"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
+	      && command -v chromium >/dev/null 2>&1; \
+	  else \
+	    echo "chromium is not installed; install it (as root) with:"; \
+	    echo "    $(CHROMIUM_INSTALL)"; \
+	    exit 1; \
+	  fi; }
+
 lab: $(STAMP)
 	$(BIN)/python -m provider_lab --port 9101
 
@@ -61,8 +78,9 @@ lab: $(STAMP)
 # A second QuoteFlow (9103) asks the lab's foreign dialects: docs/suppliers.md's
 # three worked suppliers (POST JSON with OAuth2 and price breaks, path with an API key).
 # A third (9104) asks the lab's three in its batch dialect: carts, 20 lines a call.
+# The first (9100) serves the console, with the lab's controls; its URL is printed.
 run: $(STAMP)
-	$(BIN)/python -m provider_lab.run_pair --lab-port 9101 --port 9100 --dialects-port 9103 --batch-port 9104 -- --coalesce --cache-size 1000
+	$(BIN)/python -m provider_lab.run_pair --console --lab-port 9101 --port 9100 --dialects-port 9103 --batch-port 9104 -- --coalesce --cache-size 1000
 
 # Fleet mode: redis-server (9102), the lab (9101) and 2 gunicorn workers (9100).
 fleet: $(STAMP) need-redis

@@ -171,12 +171,18 @@ def _banner(
     extra: Sequence[str] = (),
     dialects_url: str | None = None,
     batch_url: str | None = None,
+    console: bool = False,
 ) -> str:
     body = '{"quantity":2,"scenario":"flaky"}'
     lines = [
         f"provider lab  {lab_url}   (faults: {lab_url}/faults, stats: {lab_url}/stats)",
         f"QuoteFlow     {service_url}",
     ]
+    if console:
+        lines.append(
+            f"console       {service_url}/console   (open it in a browser: ask, burst, switch "
+            "the lab's faults, every bill drawn as a waterfall)"
+        )
     if dialects_url is not None:
         lines.append(
             f"QuoteFlow     {dialects_url}   (docs/suppliers.md's worked suppliers: "
@@ -239,8 +245,12 @@ async def run(
     extra: Sequence[str],
     dialects_port: int | None = DIALECTS_PORT,
     batch_port: int | None = BATCH_PORT,
+    console: bool = False,
 ) -> int:
-    """Start them all, wait for a signal or a child's death, stop them all; the exit code."""
+    """Start them all, wait for a signal or a child's death, stop them all; the exit code.
+
+    ``console``: the first QuoteFlow serves the console, with this lab's controls.
+    """
     lab_url = f"http://{host}:{lab_port}"
     service_url = f"http://{host}:{service_port}"
     dialects_url = None if dialects_port is None else f"http://{host}:{dialects_port}"
@@ -264,7 +274,8 @@ async def run(
 
     with tempfile.TemporaryDirectory(prefix="quoteflow-run-") as folder:
         try:
-            services.append(await quoteflow(service_port, "--provider-url", lab_url, *extra))
+            own = ("--console", "--console-lab", lab_url) if console else ()
+            services.append(await quoteflow(service_port, "--provider-url", lab_url, *own, *extra))
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1)) as session:
                 service_ready = asyncio.create_task(wait_ready(service_url, services[0], session))
                 ready = {"provider lab": await wait_ready(lab_url, lab, session)}
@@ -300,7 +311,9 @@ async def run(
                 missing = [name for name, ok in ready.items() if not ok]
                 print(f"run: {' and '.join(missing)} did not start; stopping", file=sys.stderr)
                 return 1
-            print(_banner(lab_url, service_url, extra, dialects_url, batch_url), flush=True)
+            print(
+                _banner(lab_url, service_url, extra, dialects_url, batch_url, console), flush=True
+            )
             waiters: list[asyncio.Task[object]] = [asyncio.create_task(stop.wait())]
             waiters += [asyncio.create_task(child.wait()) for child in (*services, lab)]
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
@@ -339,11 +352,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=BATCH_PORT,
         help=f"the port of the QuoteFlow asking the batch suppliers ({BATCH_PORT}); 0: none",
     )
+    parser.add_argument(
+        "--console",
+        action="store_true",
+        help="the first QuoteFlow serves /console, with this lab's fault and latency controls",
+    )
     parser.add_argument("extra", nargs="*", help="more QuoteFlow flags (every QuoteFlow), after --")
     args = parser.parse_args(argv)
     dialects = args.dialects_port or None
     batch = args.batch_port or None
-    return asyncio.run(run(args.host, args.lab_port, args.port, args.extra, dialects, batch))
+    return asyncio.run(
+        run(args.host, args.lab_port, args.port, args.extra, dialects, batch, args.console)
+    )
 
 
 if __name__ == "__main__":
