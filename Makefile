@@ -86,8 +86,9 @@ run: $(STAMP)
 fleet: $(STAMP) need-redis
 	$(BIN)/python -m provider_lab.run_fleet --lab-port 9101 --port 9100 --redis-port 9102
 
+# SVG=DIR: each case of the main table also written as its waterfall, DIR/<case>.svg.
 demo: $(STAMP)
-	$(BIN)/python -m provider_lab.demo --service http://127.0.0.1:9100 --lab http://127.0.0.1:9101 --dialects http://127.0.0.1:9103 --batch http://127.0.0.1:9104
+	$(BIN)/python -m provider_lab.demo --service http://127.0.0.1:9100 --lab http://127.0.0.1:9101 --dialects http://127.0.0.1:9103 --batch http://127.0.0.1:9104 $(if $(SVG),--svg $(SVG))
 
 # The benchmark (bench/, docs/benchmark.md): needs wrk (apt-get install -y wrk;
 # installed automatically when run as root with apt) and the bench extra.

@@ -32,9 +32,12 @@ import argparse
 import asyncio
 import itertools
 import math
+import re
 import secrets
 import sys
+import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Final
 
 import aiohttp
@@ -480,14 +483,69 @@ async def breaker_on(session: aiohttp.ClientSession, service_url: str) -> bool:
         return response.status == 200 and "quoteflow_circuit_state{" in await response.text()
 
 
+SVG_NS: Final = "{http://www.w3.org/2000/svg}"
+
+
+def answer_from_svg(drawing: str) -> dict[str, Any]:
+    """The parts of a quote's answer the demo checks, read back from its waterfall.
+
+    ``?explain=svg`` draws the answer with every value a tool needs as ``data-*``
+    attributes (docs/api.md): the request id, the time, each supplier's
+    ``stopped``, the quotes and the failures. Read from the picture itself, so
+    the case checked is the case drawn, and the lab still shares no code with
+    QuoteFlow.
+    """
+    root = ET.fromstring(drawing)
+    quotes: list[dict[str, Any]] = []
+    best = None
+    failures = []
+    suppliers: dict[str, dict[str, Any]] = {}
+    for element in root.iter():
+        found = element.attrib
+        if element.tag == f"{SVG_NS}g" and "data-supplier" in found:
+            suppliers[found["data-supplier"]] = {"stopped": found["data-stopped"]}
+        elif "data-quote-supplier" in found:
+            quote: dict[str, Any] = {
+                "supplier": found["data-quote-supplier"],
+                "sku": found["data-sku"],
+            }
+            for key in ("unit_cents", "shipping_cents", "stock", "total_cents"):
+                quote[key] = int(found["data-" + key.replace("_", "-")])
+            quotes.append(quote)
+            if found.get("data-best") == "true":
+                best = quote
+        elif "data-failure-supplier" in found:
+            failures.append(
+                {"supplier": found["data-failure-supplier"], "code": found["data-code"]}
+            )
+    return {
+        "request_id": root.attrib["data-request-id"],
+        "elapsed_ms": float(root.attrib["data-elapsed-ms"]),
+        "quotes": quotes,
+        "best": best,
+        "failures": failures,
+        "explain": {"suppliers": suppliers},
+    }
+
+
+def svg_name(case: Case) -> str:
+    """The file a case's waterfall is written to: its name, lower-case, dashes."""
+    return re.sub(r"[^a-z0-9]+", "-", case.name.lower()).strip("-") + ".svg"
+
+
 async def run_case(
     session: aiohttp.ClientSession,
     lab: LabControl,
     service_url: str,
     case: Case,
     suppliers: tuple[str, ...] = SUPPLIERS,
+    svg: Path | None = None,
 ) -> Outcome:
-    """Set the lab up for ``case``, ask QuoteFlow once, and compare with the expectation."""
+    """Set the lab up for ``case``, ask QuoteFlow once, and compare with the expectation.
+
+    ``svg``: a folder; the answer is asked for drawn (``?explain=svg``), checked from
+    the drawing's attributes, and the drawing written there as ``svg_name(case)``.
+    """
     await lab.fresh()
     await wait_unpaused(session, service_url)
     notes = []
@@ -503,13 +561,18 @@ async def run_case(
         await lab.fresh()
     for supplier, fault in case.faults:
         await lab.add_fault(supplier, fault)
-    url = f"{service_url}/api/quotes?explain=1"
+    url = f"{service_url}/api/quotes?explain={'1' if svg is None else 'svg'}"
     loop = asyncio.get_running_loop()
     give_up = loop.time() + case.until_s
+    drawing = ""
     while True:
         async with session.post(url, json=dict(case.request)) as response:
-            result: dict[str, Any] = await response.json()
             status = response.status
+            if svg is not None and status == 200:
+                drawing = await response.text()
+                result: dict[str, Any] = answer_from_svg(drawing)
+            else:
+                result = await response.json()
         failures = {f["supplier"]: f["code"] for f in result.get("failures", ())}
         best = result["best"]["supplier"] if result.get("best") else None
         expected = best == case.best and failures == dict(case.failures)
@@ -519,6 +582,8 @@ async def run_case(
     await lab.clear_faults()
     if status != 200:
         return Outcome(case, None, {}, {}, "-", 0.0, [f"QuoteFlow answered {status}: {result}"])
+    if svg is not None:
+        (svg / svg_name(case)).write_text(drawing, encoding="utf-8")
     bill = result.get("explain", {}).get("suppliers", {})
     stopped = {s: str(bill.get(s, {}).get("stopped", "?")) for s in suppliers}
     await lab.wait_idle()
@@ -1703,6 +1768,7 @@ async def demo(
     lab_url: str,
     dialects_url: str | None = None,
     batch_url: str | None = None,
+    svg: Path | None = None,
 ) -> int:
     """Run every case in order and print the table; 0 if all behaved as expected.
 
@@ -1767,7 +1833,7 @@ async def demo(
             carts = False  # and the carts
         print(_row(["-" * w for w in WIDTHS]))
         for case in cases:
-            outcome = await run_case(session, lab, service_url, case, suppliers)
+            outcome = await run_case(session, lab, service_url, case, suppliers, svg)
             outcomes.append(outcome)
             print("\n".join(format_outcome(outcome, suppliers)), flush=True)
         if suppliers == SUPPLIERS:
@@ -1823,13 +1889,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the URL of a QuoteFlow asking the same lab's suppliers in its batch dialect "
         "(make run starts one); the cart cases come last ('': leave them out)",
     )
+    parser.add_argument(
+        "--svg",
+        type=Path,
+        metavar="DIR",
+        help="write each case of the main table as a waterfall, DIR/<case>.svg (the answer "
+        "asked with ?explain=svg and checked from the drawing)",
+    )
     args = parser.parse_args(argv)
+    if args.svg is not None:
+        args.svg.mkdir(parents=True, exist_ok=True)
     return asyncio.run(
         demo(
             args.service.rstrip("/"),
             args.lab.rstrip("/"),
             args.dialects.rstrip("/") or None,
             args.batch.rstrip("/") or None,
+            args.svg,
         )
     )
 

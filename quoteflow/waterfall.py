@@ -468,8 +468,11 @@ def _legend(
         )
         out.append(
             f'<text class="quote" x="{LABEL_X + 10}" y="{line * 14}"'
-            f' data-quote-supplier="{_attr(quote["supplier"])}"'
+            f' data-quote-supplier="{_attr(quote["supplier"])}" data-sku="{_attr(quote["sku"])}"'
             f' data-total-cents="{_attr(quote["total_cents"])}"'
+            f' data-unit-cents="{_attr(quote["unit_cents"])}"'
+            f' data-shipping-cents="{_attr(quote["shipping_cents"])}"'
+            f' data-stock="{_attr(quote["stock"])}"'
             + (' data-best="true" font-weight="600"' if mark else "")
             + f">{_text(words)}</text>"
         )
