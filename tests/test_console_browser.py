@@ -307,3 +307,15 @@ def test_a_hostile_sku_is_drawn_as_text_and_runs_nothing(console: Page, stack: S
     expect(page.locator("#results img, #results script")).to_have_count(0)
     assert page.evaluate("window.pwned") is None
     shot(page, stack, "hostile-sku")
+
+
+def test_a_cart_typed_into_the_page_is_drawn_one_row_per_call(console: Page, stack: Stack) -> None:
+    """Cart lines in the form: the page asks ``/api/carts`` and draws a row per supplier call."""
+    page = console
+    page.locator("#cart").fill("KB-001 2\nKB-002 1")
+    answer = ask(page)
+    expect(answer).to_have_attribute("data-status", "200")
+    expect(answer.locator("svg")).to_have_attribute("data-kind", "cart")
+    expect(answer.locator("svg g[data-supplier]")).to_have_count(6)
+    expect(answer.locator('svg g[data-supplier-group="boreal"] g[data-call]')).to_have_count(2)
+    shot(page, stack, "cart")
