@@ -57,7 +57,7 @@ LAYERS = [
 form the base)."""
 
 PACKAGE_LAYERS = {
-    "fleet": ["coordinator", "deadline", "leases", "safe", "budget", "timing"],
+    "fleet": ["coordinator", "deadline", "leases", "waiters", "idle", "safe", "budget", "timing"],
     "callers": ["gate", "shared", "meter", "file", "model"],
 }
 """Inside a sub-package the same rule holds among its modules (``__init__`` only re-exports)."""
@@ -121,6 +121,18 @@ def test_imports_point_one_way_inside_a_package(module: str) -> None:
             assert layers.index(inside) > layers.index(name), f"{module} imports {imported}"
         else:
             assert LAYERS.index(top) > LAYERS.index(package), f"{module} imports {imported}"
+
+
+MODULE_LINES_MOST = {"fleet": 500}
+"""Lines a module of these sub-packages may have: one concern per module (issue 18)."""
+
+
+@pytest.mark.parametrize("package", sorted(MODULE_LINES_MOST))
+def test_package_modules_keep_to_their_size(package: str) -> None:
+    """Every module of the fleet package stays within 500 lines; a larger one is split."""
+    most = MODULE_LINES_MOST[package]
+    sizes = {path.name: len(path.read_text().splitlines()) for path in _files(package)}
+    assert {name: size for name, size in sizes.items() if size > most} == {}
 
 
 def test_service_does_not_know_aiohttp() -> None:

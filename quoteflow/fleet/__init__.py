@@ -22,8 +22,10 @@ The package, one module per concern, each importing only those below it:
     coordinator.py  Coordinator: the Redis client, the sync, heartbeat, listener, fallback
     sync.lua        the script one sync runs in Redis (read once, sent by EVALSHA)
     deadline.py     LoopFairTimeout: a sync's time limit, which our busy loop cannot trip
-    leases.py       FleetSlots: leased slots, local waiters, the hand-over, the fallback
-    safe.py         safe_share: what a worker may send on its own
+    leases.py       FleetSlots: leased slots, what a sync reports and takes, the fallback
+    waiters.py      LocalWaiters: this worker's calls waiting, per supplier, in turn
+    idle.py         IdleClock: how long a leased slot has stood idle (the LINGER rule)
+    safe.py         safe_share, capped_wants: what a worker may send on its own, and ask on return
     budget.py       FleetRetryBudget: a pool drawn from the fleet's retry bucket
     timing.py       TTL, HEARTBEAT, POLL, LINGER ...: the clock every part keeps to
 
@@ -106,7 +108,7 @@ worker back within ``TTL`` keeps its record); the first that succeeds reports
 what it holds right now and brings the leases back (``coordination_up``) —
 asking, for a while, for no more than the safe share, since the others may
 still be on their own and Redis has lost their records
-(``FleetSlots._capped_wants``). No request ever awaits Redis, so Redis down,
+(``safe.capped_wants``). No request ever awaits Redis, so Redis down,
 slow or emptied never costs an answer its budget.
 
 **Slow Redis or a late loop.** The time limit is Redis': when it fires late

@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
-import itertools
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Final
 
-from quoteflow.fleet.safe import safe_share
-from quoteflow.fleet.timing import IDLE_SLACK, LEASE_TRUST, LINGER, POLL
-from quoteflow.slots import Impatience, Patience
+from quoteflow.fleet.idle import IdleClock
+from quoteflow.fleet.safe import capped_wants, safe_share, trimmed_leases
+from quoteflow.fleet.timing import LEASE_TRUST, LINGER, POLL
+from quoteflow.fleet.waiters import LocalWaiters
+from quoteflow.slots import Patience
 
 JOINING, FLEET, LOCAL = "joining", "fleet", "local"
 """Modes of ``FleetSlots``: before the first sync, leases in force, on its own (safe share)."""
-
-
-LATER: Final = 1 << 62
-"""Added to a cart's call's place in the queue: every single quote's call comes first."""
 
 
 class FleetSlots:
@@ -29,7 +23,8 @@ class FleetSlots:
     Satisfies ``slots.OutboundLimiter``. Every call comes from the event
     loop's thread and nothing between checking and taking a slot awaits, as in
     ``OutboundSlots``; the ``Coordinator`` moves leases in and out between
-    requests (``report`` before a sync, ``apply`` after it).
+    requests (``report`` before a sync, ``apply`` after it). Who waits, and
+    whose turn a slot is, is ``waiters.LocalWaiters``'.
     """
 
     def __init__(
@@ -75,17 +70,12 @@ class FleetSlots:
         self.others_waiting = False
         self.unmet = dict.fromkeys(self._held, 0)
         """Waiters Redis knows of (reported, not granted), per supplier."""
-        self._idle_since: dict[str, float | None] = dict.fromkeys(self._held)
-        """Since when (monotonic) a leased slot of each supplier has been idle, if one is."""
+        self._idle = IdleClock(self._held)
         self._reported = dict.fromkeys(self._held, 0)
         self._recorded = dict.fromkeys(self._held, 0)
         """What Redis counts as ours after the last sync, per supplier."""
         self.valid_until = -math.inf
-        self._waiting: dict[str, collections.deque[tuple[int, asyncio.Future[bool]]]] = {
-            supplier: collections.deque() for supplier in self._held
-        }
-        self._order = itertools.count()
-        self._impatience = Impatience()
+        self._waiters = LocalWaiters(self._held)
         self._need_sync = need_sync
         self._lapsed = lapsed
 
@@ -96,7 +86,7 @@ class FleetSlots:
     @property
     def waiting(self) -> int:
         """Attempts of this process waiting for a slot."""
-        return sum(self._live(queue) for queue in self._waiting.values())
+        return self._waiters.total
 
     async def acquire(
         self, supplier: str, patience: Patience | None = None, *, later: bool = False
@@ -110,7 +100,7 @@ class FleetSlots:
         if (
             self.mode == FLEET
             and self._held[supplier] < self.leased[supplier]
-            and not self._waiting[supplier]
+            and not self._waiters.queued(supplier)
         ):
             if time.monotonic() < self.valid_until:
                 self._take(supplier)
@@ -120,27 +110,14 @@ class FleetSlots:
             self.mode == LOCAL
             and self.in_use < self.local_limit
             and self._held[supplier] < self.local_share[supplier]
-            and not self._waiting[supplier]
+            and not self._waiters.queued(supplier)
         ):
             self._take(supplier)
             return True
         granted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        if patience is not None and not self._impatience.watch(patience, granted):
+        if patience is not None and not self._waiters.watch(patience, granted):
             return False  # too late already: never queued, never announced
-        queue = self._waiting[supplier]
-        if later:
-            entry = (LATER + next(self._order), granted)
-            queue.append(entry)
-        else:
-            entry = (next(self._order), granted)
-            if queue and queue[-1][0] >= LATER:
-                # Before the carts' calls: a single quote never waits behind a cart.
-                index = len(queue)
-                while index and queue[index - 1][0] >= LATER:
-                    index -= 1
-                queue.insert(index, entry)
-            else:
-                queue.append(entry)
+        waiter = self._waiters.join(supplier, granted, later=later)
         if self.mode != LOCAL:
             # At once if the last sync saw a slot we could get, or Redis does
             # not know yet that we wait (then nobody would tell us of a freed
@@ -155,25 +132,23 @@ class FleetSlots:
             if granted.done() and not granted.cancelled() and granted.result():
                 self.release(supplier)  # handed a slot, then cancelled before using it
             else:
-                with contextlib.suppress(ValueError):  # already skipped by a hand-out
-                    queue.remove(entry)
-                self._impatience.forget(granted)
+                self._waiters.leave(supplier, waiter)  # unless a hand-out passed over it
+                self._waiters.forget(granted)
                 self._check_want(supplier)
             raise
         # Gave up: its place goes to a waiter that can still use a slot, and
         # Redis soon stops counting the want.
-        with contextlib.suppress(ValueError):
-            queue.remove(entry)
+        self._waiters.leave(supplier, waiter)
         self._check_want(supplier)
         return False
 
     def reconsider(self) -> None:
         """A supplier's learned time grew: every waiter's patience is read again now."""
-        self._impatience.reconsider()
+        self._waiters.reconsider()
 
     def try_acquire(self, supplier: str) -> bool:
         """A slot now (a hedge): an idle leased one, or room on its own share; never waits."""
-        if self._waiting[supplier]:
+        if self._waiters.queued(supplier):
             return False
         if self.mode == FLEET and self._held[supplier] < self.leased[supplier]:
             if time.monotonic() < self.valid_until:
@@ -212,7 +187,7 @@ class FleetSlots:
                 # Idle: a taker of our own usually comes within a few ms under
                 # load; if none has within LINGER, the slot goes back.
                 self._need_sync(LINGER)
-            self._clock_idle(supplier)
+            self._idle.update(supplier, self._held[supplier], self.leased[supplier])
         elif self.mode == LOCAL:
             self._hand_out_local()
 
@@ -230,7 +205,7 @@ class FleetSlots:
         get it again. Outside fleet mode the truth is simply what runs now.
 
         On its own, and for a while after the leases came back into force,
-        what is asked for stops at the safe share (``_capped_wants``).
+        what is asked for stops at the safe share (``safe.capped_wants``).
         """
         held, want = [], []
         now = time.monotonic()
@@ -241,65 +216,23 @@ class FleetSlots:
             and now < self.valid_until
             and self.leased_total <= self.allowed_total
         )
-        for supplier, queue in self._waiting.items():
+        for supplier in self._held:
             keep = self._held[supplier]
-            if may_keep and not self._idle_long(supplier, now):
+            if may_keep and not self._idle.idle_long(supplier, now):
                 keep = max(keep, min(self.leased[supplier], self.allowed[supplier]))
             self.leased[supplier] = self._recorded[supplier] = keep
-            self._clock_idle(supplier)
-            self._reported[supplier] = self._live(queue)
+            self._idle.update(supplier, self._held[supplier], self.leased[supplier])
+            self._reported[supplier] = self._waiters.live(supplier)
             held.append(keep)
             want.append(self._reported[supplier])
         self.leased_total = sum(self.leased.values())
         if self.mode == LOCAL or now < self._capped_until:
-            want = self._capped_wants(held, want)
+            # For ``rejoin`` seconds after a sync put the leases in force, other
+            # workers may still be on their own (``safe.capped_wants``).
+            total, per = self.safe_limits()
+            want = capped_wants(held, want, total, [per[supplier] for supplier in self._held])
             self._reported = dict(zip(self._held, want, strict=True))
         return held, want
-
-    def _capped_wants(self, held: list[int], want: list[int]) -> list[int]:
-        """Wants cut so that held + want stays within the safe share, per supplier and in all.
-
-        For ``rejoin`` seconds after a sync put the leases in force, other
-        workers may still be on their own: Redis lost their records while it
-        was away (or never had them), so it would grant this worker slots they
-        are using. Each of them keeps to its safe share until its own next try
-        (one ``RECONNECT``); asking for no more than ours keeps the sum within
-        the limit meanwhile. Cut from the supplier that would hold most.
-        """
-        total, per = self.safe_limits()
-        capped = [
-            max(0, min(w, per[supplier] - h))
-            for supplier, h, w in zip(self._held, held, want, strict=True)
-        ]
-        excess = sum(held) + sum(capped) - total
-        while excess > 0 and any(capped):
-            most = max((i for i, w in enumerate(capped) if w), key=lambda i: held[i] + capped[i])
-            capped[most] -= 1
-            excess -= 1
-        return capped
-
-    def _trim_to_safe_share(self) -> bool:
-        """Leases not in use beyond the safe share go back (see ``_capped_wants``); any did?
-
-        Grants were asked for within the safe share, but slots taken on our
-        own limits while that sync was on its way come on top of them.
-        """
-        total, per = self.safe_limits()
-        trimmed = False
-        for supplier, held in self._held.items():
-            keep = max(held, min(self.leased[supplier], per[supplier]))
-            trimmed |= keep < self.leased[supplier]
-            self.leased[supplier] = keep
-        excess = sum(self.leased.values()) - total
-        while excess > 0:
-            idle = [s for s, held in self._held.items() if self.leased[s] > held]
-            if not idle:
-                break
-            most = max(idle, key=self.leased.__getitem__)
-            self.leased[most] -= 1
-            excess -= 1
-            trimmed = True
-        return trimmed
 
     def retarget(self, shares: Mapping[str, int]) -> None:
         """A reload's shares from now on; a supplier new to this worker starts with nothing.
@@ -315,9 +248,9 @@ class FleetSlots:
                 self._held[supplier] = self.leased[supplier] = 0
                 self.allowed[supplier] = share
                 self.free[supplier] = self.grantable[supplier] = self.unmet[supplier] = 0
-                self._idle_since[supplier] = None
+                self._idle.add_supplier(supplier)
                 self._reported[supplier] = self._recorded[supplier] = 0
-                self._waiting[supplier] = collections.deque()
+                self._waiters.add_supplier(supplier)
                 self.local_share[supplier] = 1 if self.mode == JOINING else 0
                 if self.mode == LOCAL:
                     self.local_share[supplier] = self.safe_limits()[1][supplier]
@@ -336,14 +269,14 @@ class FleetSlots:
                     self.free,
                     self.grantable,
                     self.unmet,
-                    self._idle_since,
                     self._reported,
                     self._recorded,
-                    self._waiting,
                     self.local_share,
                     self.shares,
                 ):
                     table.pop(supplier, None)
+                self._waiters.drop_supplier(supplier)
+                self._idle.drop_supplier(supplier)
         self.leased_total = sum(self.leased.values())
         self._need_sync(0.0)
 
@@ -408,15 +341,20 @@ class FleetSlots:
             self.free[supplier] = free[index]
             self.grantable[supplier] = grantable[index]
         if capped:
-            undercounted |= self._trim_to_safe_share()
+            # Slots taken on our own limits while this sync was on its way come
+            # on top of grants asked for within the safe share: the rest go back.
+            total, per = self.safe_limits()
+            kept = trimmed_leases(self._held, self.leased, total, per)
+            undercounted |= any(kept[s] < self.leased[s] for s in kept)
+            self.leased.update(kept)
         for supplier in self._held:
             while self._held[supplier] < self.leased[supplier] and self._hand_over(supplier):
                 pass
-            self._clock_idle(supplier)
+            self._idle.update(supplier, self._held[supplier], self.leased[supplier])
         self.leased_total = sum(self.leased.values())
         if undercounted:
             return 0.0
-        if any(map(self._live, self._waiting.values())):
+        if self._waiters.any_live():
             return POLL
         if self.leased_total > self.in_use:
             return LINGER
@@ -430,13 +368,12 @@ class FleetSlots:
         hand-over) costs no round trip.
         """
         now = time.monotonic()
-        for supplier, queue in self._waiting.items():
+        for supplier in self._held:
             if self.leased[supplier] != self._recorded[supplier]:
                 return True  # given back, or taken on local limits: Redis counts wrong
-            if self._idle_long(supplier, now):
+            if self._idle.idle_long(supplier, now):
                 return True  # no taker of our own came within LINGER: back to the fleet
-            live = self._live(queue)
-            if live:
+            if self._waiters.live(supplier):
                 if self._unannounced(supplier) or self.free[supplier] > 0 or since_last >= POLL:
                     return True  # nobody would tell us of a slot, or Redis could grant, or the poll
             elif self.unmet[supplier] and since_last >= POLL:
@@ -497,13 +434,9 @@ class FleetSlots:
 
     # -- helpers ----------------------------------------------------------------------
 
-    @staticmethod
-    def _live(queue: collections.deque[tuple[int, asyncio.Future[bool]]]) -> int:
-        return sum(1 for _, granted in queue if not granted.done())
-
     def _check_want(self, supplier: str) -> None:
         """The last waiter for ``supplier`` is gone: soon, Redis should stop counting it."""
-        if self.unmet[supplier] and not self._live(self._waiting[supplier]):
+        if self.unmet[supplier] and not self._waiters.live(supplier):
             self._need_sync(LINGER)  # worth_syncing finds unmet without waiters
 
     def _lopsided(self, supplier: str) -> bool:
@@ -524,62 +457,38 @@ class FleetSlots:
             self.leased[other] + 1 < mine
             and not self.free[other]  # else its waiters' own sync gets it, nothing to trade
             and self.grantable[other]  # else Redis would hand back the same supplier
-            and any(not granted.done() for _, granted in queue)
-            for other, queue in self._waiting.items()
+            and self._waiters.live(other)
+            for other in self._held
             if other != supplier
         )
 
     def _take(self, supplier: str) -> None:
         self._held[supplier] += 1
         self.in_use += 1
-        if self._held[supplier] >= self.leased[supplier]:
-            self._idle_since[supplier] = None
-
-    def _clock_idle(self, supplier: str) -> None:
-        """Start (or stop) the clock of ``supplier``'s idle leases."""
-        if self._held[supplier] >= self.leased[supplier]:
-            self._idle_since[supplier] = None
-        elif self._idle_since[supplier] is None:
-            self._idle_since[supplier] = time.monotonic()
+        self._idle.taken(supplier, self._held[supplier], self.leased[supplier])
 
     def linger_left(self) -> float:
         """Seconds until the oldest idle slot has been idle for ``LINGER`` (inf: none is)."""
-        since = [at for at in self._idle_since.values() if at is not None]
-        if not since:
-            return math.inf
-        return max(0.0, min(since) + LINGER - time.monotonic())
-
-    def _idle_long(self, supplier: str, now: float) -> bool:
-        """Whether a leased slot of ``supplier`` has been idle for ``LINGER``."""
-        since = self._idle_since[supplier]
-        return since is not None and now - since >= LINGER - IDLE_SLACK
+        return self._idle.linger_left()
 
     def _hand_over(self, supplier: str) -> bool:
-        """The slot just freed (or granted) goes to ``supplier``'s first live waiter."""
-        queue = self._waiting[supplier]
-        while queue:
-            _, granted = queue.popleft()
-            # Else cancelled or given up, about to leave; or too late to use it now.
-            if not granted.done() and self._impatience.ready(granted):
-                self._take(supplier)
-                granted.set_result(True)
-                return True
-        return False
+        """The slot just freed (or granted) goes to ``supplier``'s first waiter that can use it."""
+        granted = self._waiters.next_ready(supplier)
+        if granted is None:
+            return False
+        self._take(supplier)
+        granted.set_result(True)
+        return True
 
     def _hand_out_local(self) -> None:
         """On its own: the oldest waiter whose supplier is within its safe share, while room is."""
         while self.in_use < self.local_limit:
-            chosen: str | None = None
-            first = -1
-            for supplier, queue in self._waiting.items():
-                while queue and queue[0][1].done():
-                    queue.popleft()
-                fits = bool(queue) and self._held[supplier] < self.local_share[supplier]
-                if fits and (chosen is None or queue[0][0] < first):
-                    chosen, first = supplier, queue[0][0]
-            if chosen is None:
+            turn = self._waiters.next_in_turn(
+                lambda supplier: self._held[supplier] < self.local_share[supplier]
+            )
+            if turn is None:
                 return
-            _, granted = self._waiting[chosen].popleft()
-            if self._impatience.ready(granted):  # else too late to use it: answered False
-                self._take(chosen)
+            supplier, granted = turn
+            if self._waiters.ready(granted):  # else too late to use it: answered False
+                self._take(supplier)
                 granted.set_result(True)

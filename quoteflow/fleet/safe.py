@@ -22,9 +22,16 @@ its share holds. More workers than the outbound limit (8 workers, a limit of
 — until Redis is back; a worker that could send nothing at all would answer
 every request with nothing but failures. A worker that has never reached
 Redis knows no fleet and sends one attempt at a time.
+
+Coming back: for a while after a sync put its leases in force again, a worker
+asks for no more than its safe share (``capped_wants``) and gives back what it
+leased beyond it (``trimmed_leases``), since the others may still be on their
+own and Redis has lost their records.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 
 
 def safe_share(limit: int, workers: int, rank: int | None = None) -> int:
@@ -41,3 +48,49 @@ def safe_share(limit: int, workers: int, rank: int | None = None) -> int:
     if part or rank is None:
         return max(1, part)
     return 1 if rank < limit else 0
+
+
+def capped_wants(
+    held: Sequence[int], want: Sequence[int], total: int, per: Sequence[int]
+) -> list[int]:
+    """Wants cut so that held + want stays within the safe share, per supplier and in all.
+
+    ``held``, ``want`` and ``per`` (each supplier's safe share) are per
+    supplier, in one order; ``total`` is the safe share of the limit. For a
+    while after a sync put the leases in force, other workers may still be
+    on their own: Redis lost their records while it was away (or never had
+    them), so it would grant this worker slots they are using. Each of them
+    keeps to its safe share until its own next try (one ``RECONNECT``);
+    asking for no more than ours keeps the sum within the limit meanwhile.
+    Cut from the supplier that would hold most.
+    """
+    capped = [max(0, min(w, p - h)) for h, w, p in zip(held, want, per, strict=True)]
+    excess = sum(held) + sum(capped) - total
+    while excess > 0 and any(capped):
+        most = max((i for i, w in enumerate(capped) if w), key=lambda i: held[i] + capped[i])
+        capped[most] -= 1
+        excess -= 1
+    return capped
+
+
+def trimmed_leases(
+    held: Mapping[str, int], leased: Mapping[str, int], total: int, per: Mapping[str, int]
+) -> dict[str, int]:
+    """The leases to keep within the safe share: what is in use, and idle ones up to the share.
+
+    Grants were asked for within the safe share (``capped_wants``), but slots
+    taken on a worker's own limits while that sync was on its way come on top
+    of them. An idle lease beyond a supplier's safe share goes back, then idle
+    ones of the supplier leased most until the whole is within ``total``; a
+    slot in use is never taken back.
+    """
+    kept = {supplier: max(h, min(leased[supplier], per[supplier])) for supplier, h in held.items()}
+    excess = sum(kept.values()) - total
+    while excess > 0:
+        idle = [supplier for supplier, h in held.items() if kept[supplier] > h]
+        if not idle:
+            break
+        most = max(idle, key=kept.__getitem__)
+        kept[most] -= 1
+        excess -= 1
+    return kept
