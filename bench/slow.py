@@ -30,7 +30,12 @@ Cases (``SECTION``) and issue 28's targets, for a 10 s run:
   complete answers, no ``circuit_open``, none late;
 - ``boreal_hang``, 8 callers, 6 s: boreal hangs from the first request. Its
   circuit opens (some answers with boreal ``circuit_open``) and answers keep
-  coming (more than 50 200s).
+  coming (more than 50 200s);
+- ``spell400``, 4 callers (issue 36): all three at 400 ms for the first 4 s,
+  then at 0 ms from T (the lab's faults cleared): of the answers that come
+  from T + 1 s on, ≥ 98 % carry all three quotes; no ``circuit_open``, none
+  late. The time from T to the first complete answer to a request sent after
+  T is reported. Both spans scale with ``--duration``, as the counts do.
 
 Counts (answers with all three quotes, boreal's quotes, 200s) are of answers
 that arrived within the run's window; a caller starts no request after it,
@@ -63,7 +68,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 import attrs
@@ -107,6 +112,8 @@ class Case:
     """The run's length as a share of the section's duration (the hang case: 6 of 10 s)."""
     warm_up: int = 0
     """Requests answered at once before the faults are set: what QuoteFlow learns first."""
+    spell: float = 0.0
+    """The faults' share of the run (0: all of it); cleared then, at T, with the callers on."""
 
 
 def _latency(ms: int) -> Fault:
@@ -144,8 +151,17 @@ CASES: dict[str, Case] = {
             {"boreal": {"kind": "hang"}},
             share=0.6,
         ),
+        Case(
+            "spell400",
+            "all three at 400 ms for 4 s, then at 0 ms from T",
+            {s: _latency(400) for s in SUPPLIERS},
+            callers=4,
+            spell=0.4,
+        ),
     )
 }
+SPELL_MARGIN: Final = 0.1
+"""After a spell, answers are judged from T + this share of the run (1 s of 10 s)."""
 SECTION: tuple[tuple[str, int], ...] = (
     ("all400", 4),
     ("all400", 8),
@@ -153,6 +169,7 @@ SECTION: tuple[tuple[str, int], ...] = (
     ("boreal500", 8),
     ("fleet400", 8),
     ("boreal_hang", 8),
+    ("spell400", 4),
 )
 """(case, callers) in the order the section runs them, each under every loop."""
 
@@ -221,10 +238,34 @@ async def _caller(
             await asyncio.sleep(PAUSE_AFTER_503_S)
 
 
+@attrs.frozen
+class SpellEnd:
+    """The lab's faults cleared ``after_s`` into a run: the end of a spell, at T."""
+
+    lab_url: str
+    after_s: float
+
+
+async def _end_spell(spell: SpellEnd, began: float) -> float:
+    """Clear the lab's faults at ``spell.after_s``; T, seconds from ``began``, once it has."""
+    await asyncio.sleep(max(0.0, began + spell.after_s - time.perf_counter()))
+    async with aiohttp.ClientSession() as lab, lab.delete(spell.lab_url + "/faults") as response:
+        if response.status != 200:
+            raise BenchError(f"lab refused to clear its faults: {response.status}")
+    return time.perf_counter() - began
+
+
 async def drive(
     service_url: str, callers: int, duration_s: float, *, explain: bool = True
 ) -> list[Answer]:
     """``callers`` closed-loop callers for ``duration_s``: every answer they got."""
+    answers, _ = await _drive(service_url, callers, duration_s, explain, None)
+    return answers
+
+
+async def _drive(
+    service_url: str, callers: int, duration_s: float, explain: bool, spell: SpellEnd | None
+) -> tuple[list[Answer], float | None]:
     url = service_url + "/api/quotes" + ("?explain=1" if explain else "")
     connector = aiohttp.TCPConnector(limit=callers)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
@@ -234,8 +275,9 @@ async def drive(
     ) as session:
         began = time.perf_counter()
         end = began + duration_s
+        ended = None if spell is None else asyncio.ensure_future(_end_spell(spell, began))
         await asyncio.gather(*(_caller(session, url, began, end, answers) for _ in range(callers)))
-    return answers
+        return answers, None if ended is None else await ended
 
 
 def client_loop_factory() -> tuple[str, Callable[[], asyncio.AbstractEventLoop]]:
@@ -251,10 +293,23 @@ def run_client(
     service_url: str, callers: int, duration_s: float, *, explain: bool = True
 ) -> tuple[list[Answer], str]:
     """``drive`` on the client's loop, from synchronous code; the answers and that loop."""
+    answers, _, name = run_client_spell(service_url, callers, duration_s, None, explain=explain)
+    return answers, name
+
+
+def run_client_spell(
+    service_url: str,
+    callers: int,
+    duration_s: float,
+    spell: SpellEnd | None,
+    *,
+    explain: bool = True,
+) -> tuple[list[Answer], float | None, str]:
+    """``run_client``, with a spell's end when given: the answers, T (or None) and the loop."""
     name, factory = client_loop_factory()
     with asyncio.Runner(loop_factory=factory) as runner:
-        answers = runner.run(drive(service_url, callers, duration_s, explain=explain))
-    return answers, name
+        answers, spell_t = runner.run(_drive(service_url, callers, duration_s, explain, spell))
+    return answers, spell_t, name
 
 
 # -- figures ------------------------------------------------------------------
@@ -313,6 +368,30 @@ def figures(answers: Iterable[Answer], window_s: float, budget_s: float) -> dict
         "late_after_ms": round(late_after_ms, 1),
         "late": sum(1 for ms in latencies if ms > late_after_ms),
         "elapsed_ms_max": _round(max(elapsed, default=None)),
+    }
+
+
+def _complete(answer: Answer) -> bool:
+    return answer.status == 200 and set(SUPPLIERS) <= set(answer.quoted)
+
+
+def spell_figures(answers: Iterable[Answer], spell_t: float, margin_s: float) -> dict[str, Any]:
+    """After a spell ends at ``spell_t``: how whole the answers are from T + ``margin_s`` on.
+
+    Every answer that came from then on is judged (a 503 or an error is not
+    complete). The first complete answer after T is of a request sent after
+    T, so that one begun in the spell does not count.
+    """
+    judged = [a for a in answers if a.done_s >= spell_t + margin_s]
+    whole = sum(map(_complete, judged))
+    fresh = [a.done_s for a in answers if _complete(a) and a.done_s - a.latency_s >= spell_t]
+    return {
+        "t_s": round(spell_t, 3),
+        "judged_from_s": round(spell_t + margin_s, 3),
+        "answers": len(judged),
+        "complete": whole,
+        "complete_share": round(whole / len(judged), 4) if judged else None,
+        "first_complete_ms": round(1000 * (min(fresh) - spell_t), 1) if fresh else None,
     }
 
 
@@ -396,7 +475,10 @@ def one_run(
                 for _ in range(case.warm_up):
                     http("POST", url + "/api/quotes", {"quantity": 1})
                 set_faults(bench.lab.url, case.faults)
-            answers, client_loop = run_client(url, callers, window_s, explain=explain)
+            spell = SpellEnd(bench.lab.url, duration_s * case.spell) if case.spell else None
+            answers, spell_t, client_loop = run_client_spell(
+                url, callers, window_s, spell, explain=explain
+            )
             downs = fleet.coordination_downs(deployment) if deployment else None
         finally:
             if deployment is not None:
@@ -424,6 +506,8 @@ def one_run(
     }
     if downs is not None:
         record["coordination_down"] = downs
+    if spell_t is not None:
+        record["spell"] = spell_figures(answers, spell_t, duration_s * SPELL_MARGIN)
     return record
 
 
@@ -433,11 +517,14 @@ def progress_line(run: dict[str, Any]) -> str:
     opened = "/".join(str(run["circuit_open"][s]) for s in SUPPLIERS)
     quoted = "/".join(str(run["quoted"][s]) for s in SUPPLIERS)
     lat = run["latency_ms"]
+    spell = run.get("spell")
     return (
         f"  slow     {run['case']:<12}×{run['callers']:<2} {run['loop']:<8}"
         f"complete {run['complete']:>4}  quoted a/b/c {quoted}  [{statuses}]  "
         f"circuit_open a/b/c {opened}  p99 {_num(lat['p99'])} max {_num(lat['max'])} ms  "
-        f"late {run['late']}" + (f"  errors {run['errors']}" if run["errors"] else "")
+        f"late {run['late']}"
+        + (f"  errors {run['errors']}" if run["errors"] else "")
+        + (f"  after T {_spell(run)}" if spell else "")
     )
 
 
@@ -471,6 +558,20 @@ class Check:
 
 def _circuit_open(run: dict[str, Any]) -> int:
     return int(sum(run["circuit_open"].values()))
+
+
+def _spell(run: dict[str, Any]) -> str:
+    spell = run["spell"]
+    first = spell["first_complete_ms"]
+    return (
+        f"{spell['complete']} of {spell['answers']} complete from T + "
+        f"{spell['judged_from_s'] - spell['t_s']:g} s, first {_num(first)} ms after T"
+    )
+
+
+def _spell_met(run: dict[str, Any]) -> bool:
+    spell = run.get("spell")
+    return bool(spell and spell["answers"] and spell["complete"] >= 0.98 * spell["answers"])
 
 
 def _late(run: dict[str, Any]) -> str:
@@ -545,6 +646,18 @@ CHECKS: dict[str, tuple[Check, ...]] = {
             lambda run, scale: run["ok_in_window"] > 50 * scale,
             scaled=True,
         ),
+    ),
+    # Issue 36: a spell of slowness is unlearned within a second of its end.
+    "spell400": (
+        Check(
+            "answers after the spell (T + 1 s on) with all 3 quotes",
+            lambda scale: "≥ 98 %",
+            _spell,
+            lambda run, scale: _spell_met(run),
+        ),
+        NO_CIRCUIT_OPEN,
+        NONE_LATE,
+        NO_5XX,
     ),
 }
 
@@ -661,10 +774,18 @@ def _standalone_bench(out_dir: Path, duration_s: float) -> Bench:
 def _external(service: str, lab: str, case: Case, callers: int, duration_s: float) -> Any:
     """Drive a QuoteFlow already running (not fresh: its breakers and history are its own)."""
     set_faults(lab, case.faults)
+    spell = SpellEnd(lab, duration_s * case.spell) if case.spell else None
     try:
-        answers, client_loop = run_client(service, callers, duration_s * case.share)
+        answers, spell_t, client_loop = run_client_spell(
+            service, callers, duration_s * case.share, spell
+        )
     finally:
         http("DELETE", lab + "/faults")
+    extra = (
+        {}
+        if spell_t is None
+        else {"spell": spell_figures(answers, spell_t, duration_s * SPELL_MARGIN)}
+    )
     return {
         "case": case.name,
         "callers": callers,
@@ -672,6 +793,7 @@ def _external(service: str, lab: str, case: Case, callers: int, duration_s: floa
         "client_loop": client_loop,
         "service": service,
         **figures(answers, duration_s * case.share, Limits().budget_s),
+        **extra,
     }
 
 

@@ -74,6 +74,24 @@ def test_targets_need_both_loops_and_scale_with_the_duration() -> None:
     assert "scaled to 5 s" in half["target"]
 
 
+def test_a_spell_is_judged_from_t_plus_its_margin() -> None:
+    """Answers from T + 1 s on are judged (a 503 too); the first complete one was sent after T."""
+    answers = [
+        _ok(3.9, 0.4, "atlas", "cedar", boreal="timeout"),  # in the spell
+        _ok(4.2, 0.5, *ALL),  # sent in the spell: not the first after T
+        _ok(4.3, 0.25, "atlas", "cedar", boreal="timeout"),  # before T + 1 s: not judged
+        _ok(4.35, 0.3, *ALL),  # sent at 4.05 s: the first complete answer after T
+        *[_ok(5.0 + i / 100, 0.01, *ALL) for i in range(49)],
+        slow.Answer(5.6, 0.001, 503),
+    ]
+    got = slow.spell_figures(answers, spell_t=4.0, margin_s=1.0)
+    assert (got["answers"], got["complete"], got["first_complete_ms"]) == (50, 49, 350.0)
+    run = {"case": "spell400", "callers": 4, "loop": "uvloop", **slow.figures(answers, 10, 0.8)}
+    assert slow.judge({**run, "spell": got}, 1.0)[0]["met"] is True  # 49 of 50: 98 %
+    worse = slow.spell_figures([*answers, slow.Answer(5.7, 0.001, 503)], 4.0, 1.0)
+    assert slow.judge({**run, "spell": worse}, 1.0)[0]["met"] is False  # 49 of 51
+
+
 def test_the_section_is_chosen_by_its_name_and_by_slow() -> None:
     """``--only slow_suppliers`` is known; ``--quick`` shortens its runs to 2 s."""
     assert parse_options(["--only", "slow_suppliers"]).only == ("slow_suppliers",)

@@ -612,3 +612,55 @@ async def test_a_learned_time_lapses_once_the_supplier_is_fast_again(
     for _ in range(3):  # and stays back
         answers = await asyncio.gather(ask(client), ask(client))
         assert all(code_of(a, "boreal") is None for a in answers), [bill(a) for a in answers]
+
+
+async def test_a_latency_spell_under_load_is_unlearned_once_it_ends(
+    quoteflow: Any, suppliers: FakeSuppliers
+) -> None:
+    """4 callers back to back, every supplier at 0.3 s for 1.5 s, then at 0 ms from T.
+
+    The spell fills the slots (one per supplier): calls wait, give their
+    places up, are cut at the deadline, and QuoteFlow learns that every
+    supplier needs about 0.3 s. From T on the suppliers answer at once: what
+    was learned must come back down — refuted by the first fast answers,
+    or lapsed — and no breaker may stay open, so from two budgets after T
+    on, the answers carry every supplier's quote again (issue 36).
+    """
+    client = await quoteflow(inbound_limit=8, breaker_failures=5)
+    for supplier in ("atlas", "boreal", "cedar"):
+        suppliers.always(supplier, delay(0.3))
+    log: list[tuple[float, bool, tuple[str, ...]]] = []
+    """(answered at, from T; every quote; failure codes) of each 200."""
+    began = time.monotonic()
+    spell_t = began + 1.5
+    judged_from = spell_t + 2 * BUDGET
+    end = judged_from + 1.5
+    statuses: collections.Counter[int] = collections.Counter()
+
+    async def caller() -> None:
+        while time.monotonic() < end:
+            response = await client.post("/api/quotes", json={"quantity": 1})
+            statuses[response.status] += 1
+            if response.status != 200:
+                await asyncio.sleep(0.05)
+                continue
+            answer = await response.json()
+            quoted = {q["supplier"] for q in answer["quotes"]}
+            codes = tuple(f"{f['supplier']}:{f['code']}" for f in answer["failures"])
+            log.append((time.monotonic() - spell_t, len(quoted) == 3, codes))
+
+    async def end_spell() -> None:
+        await asyncio.sleep(max(0.0, spell_t - time.monotonic()))
+        for supplier in ("atlas", "boreal", "cedar"):
+            suppliers.always(supplier, quote())
+
+    await asyncio.gather(end_spell(), *(caller() for _ in range(4)))
+    assert set(statuses) == {200}, statuses
+    spell = [codes for at, complete, codes in log if at < 0 and not complete]
+    assert spell, log  # the spell did cost quotes: there was something to unlearn
+    after = [(complete, codes) for at, complete, codes in log if at >= judged_from - spell_t]
+    # Fast suppliers, 4 callers: hundreds of answers; a loaded machine still gives dozens.
+    assert len(after) >= 20, (statuses, len(log))
+    missing = [codes for complete, codes in after if not complete]
+    # At most one answer in fifty may lose a quote, to a loop starved past a deadline.
+    assert len(missing) <= len(after) // 50, missing
