@@ -939,12 +939,20 @@ class SupplierClient:
         learned attempt time would no longer fit before the deadline.
         """
         slack, needed = self._turn_slack, call.needed
-        admitted, waited = await self._turns.take(
-            trace.supplier,
-            rate,
-            call.deadline,
-            (lambda now: needed(now) + slack) if slack else needed,
-        )
+        since = time.monotonic()
+        try:
+            admitted, waited = await self._turns.take(
+                trace.supplier,
+                rate,
+                call.deadline,
+                (lambda now: needed(now) + slack) if slack else needed,
+            )
+        except asyncio.CancelledError:
+            # Cut in the line (the deadline, or the caller gone): the bill still
+            # shows the wait, or a call that sent nothing would look as if it
+            # never stood in the rate's line at all.
+            trace.rate_wait = (trace.rate_wait or 0.0) + time.monotonic() - since
+            raise
         if waited is not None:
             trace.rate_wait = (trace.rate_wait or 0.0) + waited
         return admitted
