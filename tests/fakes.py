@@ -128,6 +128,22 @@ def delay(seconds: float, then: Responder | None = None) -> Responder:
     return respond
 
 
+def before_the_deadline(margin: float, then: Responder) -> Responder:
+    """Answer ``then`` ``margin`` s before QuoteFlow's deadline, as the attempt states it.
+
+    Timed from ``X-Deadline-Remaining-Ms``, not from the call's arrival: on a
+    loaded machine a call may arrive tens of milliseconds after QuoteFlow sent
+    it, and a fixed delay would then answer after the deadline it was to precede.
+    """
+
+    async def respond(request: web.Request) -> web.StreamResponse:
+        remaining = int(request.headers["X-Deadline-Remaining-Ms"]) / 1000
+        await asyncio.sleep(max(0.0, remaining - margin))
+        return await then(request)
+
+    return respond
+
+
 def hang() -> Responder:
     """Never answer; the handler is cancelled when the client goes away."""
     return delay(3600)
