@@ -33,6 +33,8 @@ from tests.test_observability import events, metric
 FAILURES = 3
 OPEN = 0.2
 """Short open times keep the suite fast; the defaults (1 s, 10 s) are the contract's."""
+LONG_OPEN = 5.0
+"""For a test that needs the circuit still open a request later, whatever the machine's load."""
 
 
 @pytest.fixture
@@ -82,9 +84,14 @@ async def open_boreal(client: TestClient[Any, Any], suppliers: FakeSuppliers) ->
 async def test_opens_after_failures_in_a_row_and_stops_asking(
     quoteflow: Any, suppliers: FakeSuppliers, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Three 503 outcomes open boreal's circuit: the fourth request does not reach boreal."""
+    """Three 503 outcomes open boreal's circuit: the fourth request does not reach boreal.
+
+    Open for ``LONG_OPEN``, not the 0.2 s the half-open tests wait out: beside
+    ``stress-ng`` a loop turn once outlasted 0.2 s between the third failure and
+    the fourth request, which then found the circuit half-open and probed.
+    """
     caplog.set_level(logging.INFO, logger="quoteflow")
-    client = await quoteflow()
+    client = await quoteflow(breaker_open=LONG_OPEN, breaker_open_max=2 * LONG_OPEN)
     await open_boreal(client, suppliers)
     sent = suppliers.count("boreal")
 
@@ -97,7 +104,7 @@ async def test_opens_after_failures_in_a_row_and_stops_asking(
     (opened,) = events(caplog, "circuit_opened")
     assert opened["supplier"] == "boreal"
     assert opened["streak"] == FAILURES
-    assert round(OPEN * JITTER[0], 3) <= opened["open_s"] <= round(OPEN * JITTER[1], 3)
+    assert round(LONG_OPEN * JITTER[0], 3) <= opened["open_s"] <= round(LONG_OPEN * JITTER[1], 3)
     text = await (await client.get("/metrics")).text()
     assert metric(text, "quoteflow_circuit_transitions_total", supplier="boreal", to="open") == 1
     assert metric(text, "quoteflow_circuit_open_answers_total", supplier="boreal") == 1
@@ -181,7 +188,9 @@ async def test_a_hanging_supplier_stops_costing_every_request_the_budget(
 ) -> None:
     """Once boreal's circuit opens, answers come at once with atlas and cedar."""
     suppliers.always("boreal", hang())
-    client = await quoteflow(read_timeout=10.0)
+    client = await quoteflow(
+        read_timeout=10.0, breaker_open=LONG_OPEN, breaker_open_max=2 * LONG_OPEN
+    )
     for _ in range(FAILURES):
         assert failure_of(await ask(client), "boreal") == "timeout"
     started = time.monotonic()
