@@ -30,6 +30,7 @@ from quoteflow.fleet import (
     LEASE_TRUST,
     LINGER,
     LOCAL,
+    RECONNECT,
     TTL,
     Coordinator,
     FleetSlots,
@@ -838,6 +839,71 @@ async def test_each_supplier_keeps_its_own_share_fleet_wide_with_redis_up_and_go
         assert ranks == [0, 1]
         assert sorted(worker.slots.safe_limits()[1]["atlas"] for worker in fleet) == [0, 1]
     finally:
+        for worker in fleet:
+            await worker.close()
+
+
+async def test_a_worker_cut_off_alone_adds_at_most_its_safe_share(
+    redis_server: RedisServer,
+) -> None:
+    """One of two busy workers loses Redis while the other still reaches it.
+
+    The bound ``docs/suppliers.md`` states: once Redis has dropped the lost
+    worker's record (TTL) the other may be granted the whole share, and the lost
+    one, on its own, keeps to its safe share — so each supplier sees at most its
+    share plus the lost worker's safe share (4 + 2, 2 + 1), and a share of 1 stays
+    1 when the lost worker is the second by id (its safe share of it is 0). Once
+    the lost worker reaches Redis again, every share holds exactly as before.
+    """
+    shares = {"atlas": 1, "boreal": 4, "cedar": 2}
+    settings = fleet_settings(redis_server, budget=0.3, outbound_limit=8)
+    fleet = [Coordinator(settings, suppliers=SUPPLIERS, shares=shares) for _ in range(2)]
+    meter = Meter()
+    load: list[asyncio.Task[None]] = []
+    try:
+        for worker in fleet:
+            await worker.start()
+        await wait_until(lambda: all(worker.up for worker in fleet))
+        load = [
+            asyncio.create_task(meter.keep_busy(worker, 30, hold=0.01))
+            for worker in fleet
+            for _ in range(16)
+        ]
+        await asyncio.sleep(0.5)
+        lost = max(fleet, key=lambda worker: worker.slots.rank or 0)
+        assert lost.slots.rank == 1
+        reaches_redis = lost._script
+
+        async def no_answer(**_: Any) -> Any:
+            raise TimeoutError("this worker alone cannot reach Redis")
+
+        lost._script = no_answer  # type: ignore[assignment]
+        await wait_until(lambda: not lost.up, within=2.0)
+        meter.peak.clear()
+        # Past its record's lapse and its widening to the safe share, with room.
+        await asyncio.sleep(TTL + LEASE_TRUST + settings.budget + 0.5)
+        safe = lost.slots.safe_limits()[1]
+        assert safe == {"atlas": 0, "boreal": 2, "cedar": 1}
+        for supplier, share in shares.items():
+            assert meter.peak[supplier] <= share + safe[supplier], (dict(meter.peak), safe)
+        assert meter.peak["atlas"] == 1
+        lost._script = reaches_redis
+        await wait_until(lambda: lost.up, within=3.0)
+        await asyncio.sleep(TTL)  # what it took on its own is given back
+        meter.peak.clear()
+        done = meter.done[lost.worker_id]
+        # Back on Redis it asks, for a while (a RECONNECT and two Redis calls' time
+        # limits), no more than its safe share, as the others might still be on
+        # their own: here its callers all wait for atlas, of which its safe share
+        # is 0. Then it works again, and no share is passed meanwhile.
+        await wait_until(
+            lambda: meter.done[lost.worker_id] > done, within=RECONNECT + settings.budget + 2.0
+        )
+        assert all(meter.peak[supplier] <= share for supplier, share in shares.items())
+    finally:
+        for task in load:
+            task.cancel()
+        await asyncio.gather(*load, return_exceptions=True)
         for worker in fleet:
             await worker.close()
 
