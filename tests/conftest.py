@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, Final
 
 import pytest
 from aiohttp.test_utils import TestClient
@@ -99,3 +99,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         path = item.path
         group = GUNICORN_FILES if path.parent.name == GUNICORN_FILES else str(path)
         item.add_marker(pytest.mark.xdist_group(group))
+    # Longest groups first (xdist hands groups out in collection order): a long
+    # file dealt last keeps one worker busy while the others idle. In the
+    # alphabetical order the last files were among the longest, ~20 s of tail.
+    items.sort(key=_heavy_first)
+
+
+LONGEST_FIRST: Final = (
+    f"tests/{GUNICORN_FILES}/",
+    "tests/e2e/test_e2e_run.py",
+    "tests/test_slow_suppliers.py",
+    "tests/test_rates.py",
+    "tests/test_fleet.py",
+    "tests/test_connections.py",
+    "tests/test_soak.py",
+    "tests/test_fleet_app.py",
+    "tests/test_beyond.py",
+    "tests/test_supplier_apis.py",
+    "tests/test_openapi.py",
+    "tests/test_tracing.py",
+    "tests/test_callers_fleet.py",
+    "tests/test_console_browser.py",
+)
+"""The suite's longest groups, longest first (``--durations``; a list to keep roughly
+right, not exact: a group missing from it only runs later)."""
+
+
+def _heavy_first(item: pytest.Item) -> int:
+    path = item.path.relative_to(item.config.rootpath).as_posix()
+    return next(
+        (rank for rank, prefix in enumerate(LONGEST_FIRST) if path.startswith(prefix)),
+        len(LONGEST_FIRST),
+    )
