@@ -220,22 +220,24 @@ async def test_attempts_cut_after_their_fair_time_are_counted(
 async def test_a_supplier_that_slows_down_is_learned_from_its_cut_attempts(
     quoteflow: Any, suppliers: FakeSuppliers
 ) -> None:
-    """Known at a few ms, boreal now needs 0.45 s: the first cut attempt teaches QuoteFlow that.
+    """Known at a few ms, boreal now needs 0.6 s: the first cut attempt teaches QuoteFlow that.
 
-    R1's answer (0.45 s) is one slow value among fast ones: the estimate
-    stays fast, and R2, waiting since 0.1 s, is let in at 0.45 s with 0.25 s
-    left and cut. Had only answers been learned, R3 and R4 would be let in
-    after it the same way, cut in turn, and the slot would convoy for good:
-    no answer ever comes to learn from. R2's cut attempt ran longer than the
-    estimate, so it is learned as what boreal needs at least — before its
-    slot is handed on — and R3 and R4 give their places up instead.
+    With a 1 s budget, R1's answer (0.6 s) is one slow value among fast ones:
+    the estimate stays fast, and R2, waiting since 0.15 s, is let in at 0.6 s
+    with 0.55 s left and cut. Had only answers been learned, R3 and R4 would
+    be let in after it the same way, cut in turn, and the slot would convoy
+    for good: no answer ever comes to learn from. R2's cut attempt ran longer
+    than the estimate, so it is learned as what boreal needs at least — before
+    its slot is handed on — and R3 and R4 give their places up instead. (At a
+    0.6 s budget and 0.45 s, R1's own answer had 0.15 s to spare, and a loaded
+    machine once took them.)
     """
-    client = await quoteflow()
+    client = await quoteflow(budget=1.0)
     for _ in range(5):
         await explain(client)  # boreal's time: a few ms
-    suppliers.always("boreal", delay(0.45))
+    suppliers.always("boreal", delay(0.6))
     sent_before = suppliers.count("boreal")
-    answers = await asyncio.gather(*(later(0.1 * n, client) for n in range(4)))
+    answers = await asyncio.gather(*(later(0.15 * n, client) for n in range(4)))
     stopped = [bill(answer)["stopped"] for answer in answers]
     assert stopped == ["success", "deadline", "no_slot_in_time", "no_slot_in_time"], stopped
     assert suppliers.count("boreal") == sent_before + 2
