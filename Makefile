@@ -40,7 +40,7 @@ pytest: $(STAMP) need-redis need-chromium
 	# three), and their time bounds carry a margin for a loaded machine
 	# (docs/development.md). Whole files stay together (module-scoped
 	# processes); the gunicorn fleet tests run one at a time (tests/conftest.py).
-	$(BIN)/pytest -q -n 4 --dist loadgroup
+	$(BIN)/pytest -q -n 4 --dist loadgroup --durations=10
 
 # The fleet tests and `make fleet` run Debian's redis-server: installed here when
 # we are root with apt (as `make bench` does for wrk); otherwise make stops with
