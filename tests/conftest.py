@@ -22,7 +22,7 @@ TEST_BUDGET = 0.5
 LOADED_MARGIN = 0.25
 """Seconds a loaded machine may add to an answer cut at its deadline, as measured by the test.
 
-``make test`` runs four test workers on two cores, and CI may share them with
+``make test`` runs three test workers on two cores, and CI may share them with
 more: an event loop can be late by a few hundred ms to answer. A time bound is
 the deadline plus this, never a hair above what one quiet run measured.
 """

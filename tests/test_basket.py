@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from bench.basket import hard_cart, realistic_cart
 from quoteflow.basket import Line, Offer, solve
 from quoteflow.models import Basket, Pick, RankedQuote, Shipping
+from tests.conftest import LOADED_MARGIN
 
 SMALL = settings(max_examples=150, deadline=None, database=None)
 CATALOGUE = ("atlas", "boreal", "cedar", "dune")
@@ -273,7 +274,9 @@ def test_a_hard_cart_stops_at_its_time_limit() -> None:
     elapsed = time.monotonic() - started
     check_consistent(basket, lines, suppliers)
     assert not basket.optimal
-    assert elapsed < 0.05 + 0.25  # the limit and a loaded machine's margin
+    # The limit and what a loaded machine adds to a CPU-bound wall clock (seen:
+    # 0.35 s beside three other test workers): the closed-loop margin.
+    assert elapsed < 0.05 + 2 * LOADED_MARGIN
 
 
 def test_a_deadline_in_the_past_is_no_time() -> None:

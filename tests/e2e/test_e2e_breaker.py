@@ -49,6 +49,17 @@ async def until_closed(session: aiohttp.ClientSession, url: str, **body: Any) ->
     return time.monotonic() - started
 
 
+@pytest.fixture(autouse=True)
+async def closed_circuit(session: aiohttp.ClientSession, service: str, lab: LabControl) -> None:
+    """Each test starts with no fault and boreal's circuit closed, whatever the last one left.
+
+    The QuoteFlow process is the module's: a test that failed half-way (with
+    boreal still hanging, or its circuit open) would otherwise fail the next.
+    """
+    await lab.clear_faults()
+    await until_closed(session, service, quantity=1)
+
+
 async def test_a_hang_opens_the_circuit_and_answers_come_at_once(
     session: aiohttp.ClientSession, service: str, lab: LabControl
 ) -> None:
@@ -59,8 +70,15 @@ async def test_a_hang_opens_the_circuit_and_answers_come_at_once(
     await lab.wait_idle()
     before = (await lab.stats())["per_supplier"]["boreal"]
     fast = [await post(session, service, quantity=1) for _ in range(20)]
+    # On a loaded machine the 20 may outlast the open time (0.3 s): then one of
+    # them is the half-open probe, cut at the deadline, and the circuit reopens.
+    probes = [body for body in fast if body["explain"]["suppliers"]["boreal"].get("probe")]
+    assert len(probes) <= 2
     for body in fast:
         assert [q["supplier"] for q in body["quotes"]] == ["cedar", "atlas"]
+        if body in probes:
+            assert body["failures"] == [{"supplier": "boreal", "code": "timeout"}]
+            continue
         assert body["failures"] == [{"supplier": "boreal", "code": "circuit_open"}]
         assert body["explain"]["suppliers"]["boreal"] == {"attempts": [], "stopped": "circuit_open"}
     # Nothing near the budget: each answer waited only for atlas and cedar.
