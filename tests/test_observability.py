@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from quoteflow.handlers import READY
-from tests.conftest import TEST_BUDGET, StartQuoteFlow
+from tests.conftest import LOADED_MARGIN, TEST_BUDGET, StartQuoteFlow
 from tests.fakes import FakeSuppliers, delay, status
 from tests.process import quoteflow_process
 
@@ -25,16 +25,22 @@ async def explain(client: Any, **body: Any) -> dict[str, Any]:
 
 
 def check_bill_adds_up(bill: dict[str, Any]) -> None:
-    """Offsets increase, backoffs are 20–30 ms, nothing ends after the deadline."""
+    """Offsets increase, backoffs are 20–30 ms, nothing ends after the deadline.
+
+    "After" with the documented margin: the bill is true to the clock, and a
+    loaded machine runs the deadline's cancellation late (seen: 5.6 ms beside
+    ``stress-ng``, against the 5 ms once allowed).
+    """
+    late = LOADED_MARGIN * 1000
     for supplier in bill["suppliers"].values():
         previous_end = 0.0
         for attempt in supplier["attempts"]:
             assert attempt["start_ms"] >= previous_end
             assert attempt["slot_wait_ms"] >= 0
             assert attempt["duration_ms"] >= 0
-            assert attempt["remaining_ms"] >= -5  # cancelled at the deadline: about 0
+            assert attempt["remaining_ms"] >= -late  # cancelled at the deadline: about 0
             end = attempt["start_ms"] + attempt["slot_wait_ms"] + attempt["duration_ms"]
-            assert end <= bill["budget_ms"] + 5
+            assert end <= bill["budget_ms"] + late
             previous_end = end
             if attempt["backoff_ms"] is not None:
                 assert 20 <= attempt["backoff_ms"] <= 30
