@@ -36,7 +36,7 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP) need-redis need-chromium
 	# Three workers on two cores: the tests mostly wait on budgets and sockets
-	# (1.3 of the 2 cores busy). Four took 140 s, not 186 s, but starved
+	# (1.3 of the 2 cores busy). Four took 140 s, not 155-168 s, but starved
 	# timing tests into a chance failure in each of two quiet runs
 	# (docs/development.md). Whole files stay together (module-scoped
 	# processes); the gunicorn fleet tests run one at a time (tests/conftest.py).

@@ -8,13 +8,11 @@ in a temporary folder, never in the work tree.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -25,6 +23,7 @@ import attrs
 import pytest
 from playwright.sync_api import BrowserContext, Locator, Page, expect, sync_playwright
 
+from tests.e2e.conftest import spawn, stop, wait_healthy
 from tests.process import free_port
 
 CHROMIUM = "/usr/bin/chromium"
@@ -75,29 +74,6 @@ def _http(method: str, url: str, body: Any = None) -> Any:
         return json.loads(response.read())
 
 
-def _wait_healthy(url: str, process: subprocess.Popen[bytes]) -> None:
-    end = time.monotonic() + 20
-    while time.monotonic() < end and process.poll() is None:
-        with (
-            contextlib.suppress(OSError, urllib.error.URLError),
-            urllib.request.urlopen(f"{url}/health", timeout=1) as response,
-        ):
-            if response.status == 200:
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"{url} did not become healthy")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A provider lab and a QuoteFlow with the console and its lab controls, for the module."""
@@ -108,16 +84,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         stderr=subprocess.DEVNULL,
     )
     quoteflow: subprocess.Popen[bytes] | None = None
+    log_path = tmp_path_factory.mktemp("console-stack") / "quoteflow.log"
+    log = log_path.open("wb")
     try:
         assert lab.stdout is not None
         line = lab.stdout.readline().decode()
         lab_url = line.strip().rsplit(" ", 1)[-1]
         assert lab_url.startswith("http://127.0.0.1:"), line
         port = free_port()
-        quoteflow = subprocess.Popen(
+        quoteflow = spawn(
             [
-                sys.executable,
-                "-m",
                 "quoteflow",
                 "--port",
                 str(port),
@@ -133,16 +109,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 "--log-level",
                 "warning",
             ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            log,
         )
         url = f"http://127.0.0.1:{port}"
-        _wait_healthy(url, quoteflow)
+        wait_healthy(url, quoteflow, log_path)
         yield Stack(lab_url, url, tmp_path_factory.mktemp("console-shots"))
     finally:
         if quoteflow is not None:
-            _stop(quoteflow)
-        _stop(lab)
+            stop(quoteflow)
+        stop(lab)
+        log.close()
         if lab.stdout is not None:
             lab.stdout.close()
 
