@@ -7,7 +7,6 @@ import logging
 import time
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp import AiohttpClient
@@ -170,14 +169,32 @@ async def test_a_joiner_whose_deadline_comes_first_is_timeout_alone(
 async def test_the_starter_hanging_up_costs_the_joiners_nothing(
     start: Any, suppliers: FakeSuppliers
 ) -> None:
-    """The starter's caller leaves mid-call: the joiners get full answers; nothing is left."""
+    """The starter's caller leaves mid-call: the joiners get full answers; nothing is left.
+
+    The starter's caller hangs up once both joiners have joined every
+    supplier's call (``quoteflow_coalesced_joins_total``), not at a fixed
+    time: a loaded machine once let it leave before they came, and they
+    rightly started calls of their own.
+    """
     for supplier in SUPPLIERS:
-        suppliers.always(supplier, delay(0.3))
+        suppliers.always(supplier, delay(0.5))
     client = await start(budget=1.0)
 
+    async def joined() -> bool:
+        text = await (await client.get("/metrics")).text()
+        return all(
+            metric(text, "quoteflow_coalesced_joins_total", supplier=supplier) == 2
+            for supplier in SUPPLIERS
+        )
+
     async def hang_up() -> None:
-        with pytest.raises(asyncio.TimeoutError):
-            await client.post("/api/quotes", json={}, timeout=aiohttp.ClientTimeout(total=0.1))
+        starter = asyncio.create_task(client.post("/api/quotes", json={}))
+        while not await joined():
+            assert not starter.done(), "the shared calls ended before both joiners came"
+            await asyncio.sleep(0.01)
+        starter.cancel()  # the connection is closed mid-call
+        with pytest.raises(asyncio.CancelledError):
+            await starter
 
     async def join(request_id: str) -> dict[str, Any]:
         await asyncio.sleep(0.05)
