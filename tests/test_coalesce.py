@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient
 from pytest_aiohttp import AiohttpClient
 
@@ -270,16 +271,35 @@ async def test_a_retry_is_planned_on_the_longest_deadline_of_those_waiting(
 ) -> None:
     """Boreal's 503 comes too late for the starter's budget, not for a joiner's: it is retried.
 
-    The 503 takes 0.3 s of a 0.6 s budget: the starter alone would have 0.3 s
-    left, not enough for the backoff and another 0.3 s attempt; the joiner,
-    150 ms later, has enough.
+    The 503 comes 0.3 s before the starter's deadline (a 0.6 s budget), as the
+    attempt states it: the starter alone would have 0.3 s left, not enough
+    for the backoff and another attempt as long as the first; the joiner,
+    150 ms later, has enough. The 503 also waits until the joiner has joined
+    (the joins metric): on a loaded machine a call may arrive late, or the
+    joiner only after a 503 sent at a fixed time (seen beside stress-ng).
     """
-    suppliers.script("boreal", delay(0.3, status(503)))
+    joined = asyncio.Event()
+
+    async def late_503(request: web.Request) -> web.StreamResponse:
+        due = time.monotonic() + int(request.headers["X-Deadline-Remaining-Ms"]) / 1000 - 0.3
+        await joined.wait()
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+        return await status(503)(request)
+
+    suppliers.script("boreal", late_503)
     client = await start(budget=0.6)
 
     async def join() -> dict[str, Any]:
         await asyncio.sleep(0.15)
-        return await ask(client, "joiner")
+        asking = asyncio.create_task(ask(client, "joiner"))
+        while True:
+            text = await (await client.get("/metrics")).text()
+            joins = metric(text, "quoteflow_coalesced_joins_total", supplier="boreal")
+            if joins >= 1 or asking.done():  # done: it came too late to join (then fails below)
+                break
+            await asyncio.sleep(0.005)
+        joined.set()
+        return await asking
 
     starter, joiner = await asyncio.gather(ask(client, "starter"), join())
     first, second = suppliers.of("boreal")
