@@ -143,7 +143,7 @@ class Impatience:
                 waiting[granted] = patience
                 soonest = min(soonest, wait)
         self._waiting = waiting
-        if waiting:
+        if soonest < math.inf:  # a call to a supplier not seen yet waits without end
             self._set(now, soonest)
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Mapping
@@ -126,6 +127,16 @@ WHOLE_CHANCE: Final = 0.9
 attempt cut by the deadline always counts: a supplier that hangs is blamed even when
 its recent answers were slow, or its read timeout is nearly the budget."""
 
+SLOT_MARGIN: Final = 1.05
+"""A call waits for a slot only while the deadline leaves this many times what its
+supplier has been seen to need (``_Call.left``). Not 1: under a closed loop at
+the slots' capacity the waiters' patience runs out at the very moment the
+slots they wait for free up (the callers asked again as the last answers
+came), and which of a request's three calls is handed a slot and which gives
+up was decided by a millisecond — one per supplier, so requests were split
+into partial answers. With the margin a request's calls give up together,
+before the slots free, and its caller's next request is there to take them."""
+
 TRUNCATION_CAUSES: Final = (ContentLengthError, TransferEncodingError)
 """Causes of a ``ClientPayloadError`` that mean "the body was cut short"."""
 
@@ -203,9 +214,16 @@ class _Call:
     def left(self, now: float) -> float:
         """How long an attempt may still wait for a slot (``slots.Patience``).
 
-        Until the deadline leaves less than the supplier has been seen to need.
+        Until the deadline leaves less than the supplier has been seen to need
+        (``SLOT_MARGIN`` times). With nothing seen of it yet its time is
+        unknown, so without end (the deadline's cancellation ends the wait) —
+        but read again as each slot is handed out, so a call that queued
+        before the first answers came is not sent once they show it has too
+        little time left to finish.
         """
-        return self.deadline - now - self.needed(now)
+        if not self.attempt_time.seen:
+            return math.inf
+        return self.deadline - now - SLOT_MARGIN * self.needed(now)
 
     def needed(self, now: float) -> float:
         """The time the supplier has been seen to need for a request of this kind."""
@@ -788,11 +806,12 @@ class SupplierClient:
         else:
             # Wait for a slot only while the attempt could still finish: the time
             # this supplier has been seen to need must be left when it starts. With
-            # no answer seen yet nothing is known, so it always waits; so does the
-            # half-open probe, the only way a supplier's circuit closes again. A
+            # no answer seen yet nothing is known, so it waits until the first
+            # answers say otherwise (``_Call.left``); the half-open probe always
+            # waits, the only way a supplier's circuit closes again. A
             # wait the deadline (or the caller leaving) cancels never reached the
             # supplier: it is not an attempt, and goes on no bill.
-            patience = call if state.attempt_time.seen and not trace.probe else None
+            patience = None if trace.probe else call
             pauses = self.pauses
             # ``pauses.active`` is empty unless some supplier said 429 lately: no call then.
             if pauses.active and pauses.until(trace.supplier) is not None:
@@ -853,6 +872,9 @@ class SupplierClient:
                 else:
                     self._listener.sending(attempt, shaped.shown_url, headers, state.shape_method)
             fetched = await self._fetch(state, call, headers, authorization)
+            ended = time.monotonic()
+            # Before the slot is handed on: the next waiter is judged by what this taught.
+            self._learn(state, call, fetched, ended - started)
         except asyncio.CancelledError:
             if race is not None and attempt in race.lost:
                 # The other attempt won: not the supplier's failure, not its slowness
@@ -864,15 +886,6 @@ class SupplierClient:
             raise
         finally:
             self._slots.release(trace.supplier)
-        ended = time.monotonic()
-        kind = call.request.scenario
-        if isinstance(fetched, bytes | _Answer):
-            # It answered: a useful attempt's length.
-            state.attempt_time.observe(ended - started, kind=kind)
-            if state.answer_times is not None:
-                state.answer_times.observe(ended - started)
-        elif fetched.status is not None:  # an error, or a 200 whose body could not be read
-            state.attempt_time.observe(ended - started, full=False, kind=kind)
         if isinstance(fetched, bytes):
             fetched = self._decode(state, fetched, trace.supplier, call)
         elif isinstance(fetched, _Answer):
@@ -882,6 +895,29 @@ class SupplierClient:
             _record(attempt, waiting_since, started, ended, outcome, fetched.status, hedge=hedge)
         )
         return fetched
+
+    def _learn(
+        self,
+        state: _SupplierState,
+        call: _Call,
+        fetched: bytes | _Answer | _AttemptResult,
+        took: float,
+    ) -> None:
+        """An attempt came back after ``took`` seconds: what it teaches of the supplier's time."""
+        estimate = state.attempt_time
+        first = not estimate.seen
+        kind = call.request.scenario
+        if isinstance(fetched, bytes | _Answer):
+            # It answered: a useful attempt's length.
+            estimate.observe(took, kind=kind)
+            if state.answer_times is not None:
+                state.answer_times.observe(took)
+        elif fetched.status is not None:  # an error, or a 200 whose body could not be read
+            estimate.observe(took, full=False, kind=kind)
+        if first and estimate.seen:
+            # The calls queued while nothing was known had no patience to run
+            # out (``_Call.left``): every waiter is read again now.
+            self._slots.reconsider()
 
     def _lost(
         self,
