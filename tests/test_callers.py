@@ -196,13 +196,18 @@ async def test_every_answer_to_a_caller_with_a_rate_carries_the_fields(
 async def test_a_third_request_of_two_seats_is_429_while_another_caller_is_served(
     start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers, tmp_path: Path
 ) -> None:
-    """seats = 2: with two requests held, the third is 429 seats_exceeded; it spends no quota."""
+    """seats = 2: with two requests held, the third is 429 seats_exceeded; it spends no quota.
+
+    beta's request waits for the slots the held ones free at 0.3 s; a 1 s
+    budget leaves it the 0.3 s the suppliers then turn out to need (with
+    0.6 s it was at the edge, and a call of it could give its place up).
+    """
     for supplier in SUPPLIERS:
         suppliers.always(supplier, delay(0.3))
     callers = load(
         tmp_path / "c.toml", {"name": "acme", "rate": "10/60s", "seats": 2}, {"name": "beta"}
     )
-    client = await start_quoteflow(callers=callers, budget=0.6)
+    client = await start_quoteflow(callers=callers, budget=1.0)
 
     async def ask(name: str) -> Any:
         return await client.post("/api/quotes", json={}, headers=bearer(name))
