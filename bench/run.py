@@ -48,6 +48,7 @@ from bench import (
     core,
     fleet,
     hot,
+    kinds,
     report,
     slow,
     tails,
@@ -134,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `--only slow` (the scenario-slow workload) runs the slow-suppliers section too.
         if not options.only or {"slow", slow.NAME} & set(options.only):
             results[slow.NAME] = slow.run_slow(bench)
+            results[kinds.NAME] = kinds.run_kinds(kinds.ROUNDS, bench.log_dir)
         if not options.only or carts.NAME in options.only:
             results[carts.NAME] = carts.run_carts(bench)
         if not options.only or tails.NAME in options.only:
@@ -178,6 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if slow.NAME in results:
         results["summary"][slow.NAME] = slow.summarize(results[slow.NAME])
         results["summary"]["targets"] += slow.targets(results["summary"][slow.NAME])
+    if kinds.NAME in results:
+        results["summary"]["targets"] += kinds.targets(results[kinds.NAME])
     if carts.NAME in results:
         results["summary"][carts.NAME] = carts.summarize(results[carts.NAME])
         results["summary"]["targets"] += carts.targets(results["summary"][carts.NAME])
