@@ -91,7 +91,7 @@ async def test_retry_after_past_the_budget_is_not_waited_for(
     status, body = await post(session, service)
     assert status == 200
     assert body["explain"]["suppliers"]["boreal"]["stopped"] == "retry_after"
-    assert body["elapsed_ms"] < 100
+    assert body["elapsed_ms"] < LOADED_MARGIN * 1000  # at once, far from the 0.8 s deadline
     assert await lab.attempts(body["request_id"]) == {"atlas": 1, "boreal": 1, "cedar": 1}
 
 
