@@ -38,13 +38,12 @@ from typing import Any
 import aiohttp
 import attrs
 
-from bench.procs import Service, free_port, start, stop
+from bench.procs import HOST, Service, free_port, start, stop
 from bench.report import Target
+from bench.slow import SUPPLIERS
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "slow_kinds"
-HOST = "127.0.0.1"
-SUPPLIERS = ("atlas", "boreal", "cedar")
 ROUNDS = 5
 TIMEOUT_S = 10.0
 

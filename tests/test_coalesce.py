@@ -85,6 +85,12 @@ async def settled(client: Client) -> str:
     raise AssertionError("a shared call or a slot was never given back")
 
 
+async def joins(client: Client, supplier: str) -> float:
+    """Requests that joined ``supplier``'s calls in flight so far (the joins metric)."""
+    text = await (await client.get("/metrics")).text()
+    return metric(text, "quoteflow_coalesced_joins_total", supplier=supplier)
+
+
 def shared_tasks() -> list[asyncio.Task[Any]]:
     """Shared calls still running as tasks of their own."""
     return [
@@ -182,11 +188,7 @@ async def test_the_starter_hanging_up_costs_the_joiners_nothing(
     client = await start(budget=1.0)
 
     async def joined() -> bool:
-        text = await (await client.get("/metrics")).text()
-        return all(
-            metric(text, "quoteflow_coalesced_joins_total", supplier=supplier) == 2
-            for supplier in SUPPLIERS
-        )
+        return all([await joins(client, supplier) == 2 for supplier in SUPPLIERS])
 
     async def hang_up() -> None:
         starter = asyncio.create_task(client.post("/api/quotes", json={}))
@@ -293,9 +295,8 @@ async def test_a_retry_is_planned_on_the_longest_deadline_of_those_waiting(
         await asyncio.sleep(0.15)
         asking = asyncio.create_task(ask(client, "joiner"))
         while True:
-            text = await (await client.get("/metrics")).text()
-            joins = metric(text, "quoteflow_coalesced_joins_total", supplier="boreal")
-            if joins >= 1 or asking.done():  # done: it came too late to join (then fails below)
+            # Done without joining: it came too late to join (and fails below).
+            if await joins(client, "boreal") >= 1 or asking.done():
                 break
             await asyncio.sleep(0.005)
         joined.set()
