@@ -112,19 +112,26 @@ def _size(sent: object) -> int:
 def _refused_beyond_the_schema(path: str, body: object, size: int) -> int | None:
     """The status of a request refused for a rule JSON Schema cannot state, else None.
 
-    JSON Schema counts 64.0 as an integer; the contract wants the integer
-    literal and refuses 64.0. A cart asks each SKU once, whatever the
-    quantities (``uniqueItems`` compares whole lines), and its body is capped
-    in bytes (``cart_body_cap``: ``size``), which long non-ASCII SKUs can pass.
+    A body is capped in bytes (``size``: ``--max-request-bytes``, a cart's
+    ``cart_body_cap``), which long non-ASCII strings can pass whatever the
+    schema says, and is then refused unread. JSON Schema counts 64.0 as an
+    integer; the contract wants the integer literal and refuses 64.0. A cart
+    asks each SKU once, whatever the quantities (``uniqueItems`` compares
+    whole lines).
     """
+    settings = Settings()
+    if path == "/api/carts":
+        cap = cart_body_cap(settings.max_cart_lines)
+    elif path == "/api/quotes":
+        cap = settings.max_request_bytes
+    else:
+        return None
+    if size > cap:
+        return 413
     if not isinstance(body, dict):
         return None
     if path == "/api/quotes":
         return 422 if isinstance(body.get("quantity"), float) else None
-    if path != "/api/carts":
-        return None
-    if size > cart_body_cap(Settings().max_cart_lines):
-        return 413
     lines = body.get("lines")
     if not isinstance(lines, list):
         return None
