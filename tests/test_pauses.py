@@ -187,7 +187,11 @@ async def test_under_load_a_paused_supplier_sees_one_wave_per_pause(
     assert quay_arrivals(script, api) <= 4 * share
     assert len(answers) > 100
     codes = {code_of(answer) for answer in answers}
-    assert codes <= {"http_429", "rate_limited"}
+    # A loaded loop may read a wave's 429, or hand a call waiting behind the
+    # wave its slot, only after the deadline: a timeout, and never more of
+    # them than the waves' calls (seen once in a quiet run on a slow host).
+    assert codes <= {"http_429", "rate_limited", "timeout"}
+    assert sum(code_of(a) == "timeout" for a in answers) <= 4 * share
     assert sum(code_of(a) == "rate_limited" for a in answers) > 0.9 * len(answers)
 
 
