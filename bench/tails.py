@@ -3,8 +3,9 @@
 Each run starts a FRESH lab (``--seed 1``) and QuoteFlow (defaults, the
 case's ``--event-loop``; with ``--hedge`` or without, the control) and drives
 it with closed-loop callers (``bench.slow``'s client) for ``DURATION_S``
-after a warm-up whose answers are not counted: ``WARM_UP_S`` (the hedge
-needs ten answers to know its delay), then, hedging, on until the retry
+after a warm-up whose answers are not counted: ``WARM_UP_S`` and one step
+of ``WARM_UP_STEP_S`` for every run (the hedge needs ten answers to know its
+delay; a control warms up as long as its pair), then, hedging, on until the retry
 budget's first burst is spent — some supplier's bucket
 (``quoteflow_retry_budget_tokens``) below one token, or falling by less
 than half a token a step — or ``WARM_UP_MAX_S`` have passed. Inside the burst,

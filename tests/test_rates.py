@@ -182,7 +182,7 @@ async def test_two_workers_share_one_rate_through_redis(
     # Nearly every answer: the quote, or rate_limited at once; a rare timeout is a
     # turn won with just the learned time left, or a round trip near the deadline.
     # (98 % and more on a quiet machine; the bound leaves room for a loaded one.)
-    settled = [code_of(answer) in (None, "rate_limited") for answer in answers]
+    settled = [code_of(answer) in SETTLED for answer in answers]
     assert sum(settled) >= 0.95 * len(answers)
 
 
