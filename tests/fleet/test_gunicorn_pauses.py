@@ -1,6 +1,6 @@
 """A 429 with ``Retry-After`` pauses a supplier for the whole fleet: 2 gunicorn workers, Redis.
 
-The moments requests reached the paused supplier are sampled from the lab's
+The moments the paused supplier answered 429 are sampled from the lab's
 counts, with Redis up (one wave a pause for the fleet) and stopped (each
 worker pauses on its own 429).
 """
@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -23,7 +24,7 @@ PAUSE_S = 2
 
 
 def _waves(moments: list[tuple[float, int]], apart: float = 1.0) -> list[tuple[float, float, int]]:
-    """The lab's count sampled over time, as waves: (first seen, last seen, requests)."""
+    """The lab's count of 429s sampled over time, as waves: (first seen, last seen, requests)."""
     waves: list[tuple[float, float, int]] = []
     for (_, before), (at, count) in itertools.pairwise(moments):
         if count == before:
@@ -36,15 +37,26 @@ def _waves(moments: list[tuple[float, int]], apart: float = 1.0) -> list[tuple[f
     return waves
 
 
-async def _sample(
-    session: aiohttp.ClientSession, lab: Lab, supplier: str, seconds: float
+async def _refused(session: aiohttp.ClientSession, lab: Lab, supplier: str) -> tuple[float, int]:
+    """Now, and how many of ``supplier``'s requests the lab has answered with its 429."""
+    stats = await _stats(session, lab)
+    return time.monotonic(), stats["answers"][supplier].get("http_429", 0)
+
+
+async def _sample_after_fault(
+    session: aiohttp.ClientSession, lab: Lab, supplier: str, fault: Any, seconds: float
 ) -> list[tuple[float, int]]:
-    """The lab's count of ``supplier``'s requests every 50 ms for ``seconds``."""
-    moments = []
+    """``supplier``'s 429s so far, then ``fault`` set, then its 429s every 50 ms for ``seconds``.
+
+    The 429s are counted, not every request, so that the count read before the
+    fault is a true baseline: the first wave meets the fault within a few
+    milliseconds, sooner than a loaded machine may answer the first read after it.
+    """
+    moments = [await _refused(session, lab, supplier)]
+    await _send(session, "PUT", f"{lab.url}/faults/{supplier}", fault)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        stats = await _stats(session, lab)
-        moments.append((time.monotonic(), stats["per_supplier"].get(supplier, 0)))
+        moments.append(await _refused(session, lab, supplier))
         await asyncio.sleep(0.05)
     return moments
 
@@ -77,8 +89,7 @@ async def test_a_429_retry_after_2_pauses_the_supplier_for_every_worker(
             load = Load(session, fleet, watch="busy")
             load.start()
             await asyncio.sleep(1.0)  # both workers synced
-            await _send(session, "PUT", f"{lab.url}/faults/busy", fault)
-            shared = _waves(await _sample(session, lab, "busy", 6.0))
+            shared = _waves(await _sample_after_fault(session, lab, "busy", fault, 6.0))
             await _send(session, "DELETE", f"{lab.url}/faults/busy")
             load.take_codes()
             await asyncio.sleep(PAUSE_S + 0.5)  # the last pause ends
@@ -88,8 +99,7 @@ async def test_a_429_retry_after_2_pauses_the_supplier_for_every_worker(
             await asyncio.to_thread(redis_server.stop)
             try:
                 await asyncio.sleep(1.0)  # both workers on their own
-                await _send(session, "PUT", f"{lab.url}/faults/busy", fault)
-                alone = _waves(await _sample(session, lab, "busy", 4.5))
+                alone = _waves(await _sample_after_fault(session, lab, "busy", fault, 4.5))
                 await _send(session, "DELETE", f"{lab.url}/faults/busy")
             finally:
                 await asyncio.to_thread(redis_server.start)
