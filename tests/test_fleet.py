@@ -26,13 +26,10 @@ from redis.asyncio import Redis
 from quoteflow.catalogue import LAB_SUPPLIERS as SUPPLIERS
 from quoteflow.config import Settings
 from quoteflow.fleet import (
-    FIRST_SYNC_TRIPS,
     HEARTBEAT,
-    LATE_LOOP_MOST,
     LEASE_TRUST,
     LINGER,
     LOCAL,
-    RECONNECT,
     TTL,
     Coordinator,
     FleetSlots,
@@ -908,8 +905,8 @@ async def test_a_worker_cut_off_alone_adds_at_most_its_safe_share(
         # is 0. Then it works again, and no share is passed meanwhile: atlas's one
         # slot, a remainder the two workers divide, comes its way at the script's
         # next turn (every ROTATION_S). Beside that, 2 s for a loaded machine (seen
-        # on a quiet one beside stress-ng: 1.8-2.7 s in all, of a bound of 4.8 s).
-        rejoin = RECONNECT + 2 * (FIRST_SYNC_TRIPS * REDIS_TIMEOUT + LATE_LOOP_MOST)
+        # beside stress-ng: 1.8-2.7 s in all, of a bound of 4.8 s here).
+        rejoin = lost.slots._rejoin  # the window the worker itself keeps to
         await wait_until(
             lambda: meter.done[lost.worker_id] > done, within=rejoin - TTL + ROTATION_S + 2.0
         )
