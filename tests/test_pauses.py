@@ -24,6 +24,7 @@ from quoteflow.config import Settings
 from quoteflow.options import load_catalogue
 from quoteflow.pauses import pause_for
 from tests.api_fakes import Arrived, ForeignApi, catalogue_text
+from tests.asking import answer_of
 from tests.catalogue_fakes import offer
 from tests.conftest import LOADED_MARGIN, TEST_BUDGET, TEST_CONNECT_TIMEOUT
 from tests.redis_server import RedisServer
@@ -74,10 +75,7 @@ async def start(
 
 
 async def ask(client: Client) -> dict[str, Any]:
-    response = await client.post("/api/quotes?explain=1", json={"quantity": 1})
-    assert response.status == 200
-    answer: dict[str, Any] = await response.json()
-    return answer
+    return await answer_of(client, {"quantity": 1})
 
 
 def code_of(answer: dict[str, Any]) -> str | None:

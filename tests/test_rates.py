@@ -20,6 +20,7 @@ from quoteflow.config import Settings
 from quoteflow.options import load_catalogue
 from quoteflow.reload import reload_all
 from tests.api_fakes import Arrived, ForeignApi, catalogue_text
+from tests.asking import answer_of
 from tests.catalogue_fakes import offer
 from tests.conftest import LOADED_MARGIN, TEST_CONNECT_TIMEOUT
 from tests.redis_server import RedisServer
@@ -67,17 +68,30 @@ async def start(
 
 
 async def load(clients: list[Client], seconds: float, callers: int) -> list[dict[str, Any]]:
+    """Every answer of ``callers`` per client for ``seconds``, cut to quay's part of it."""
     answers: list[dict[str, Any]] = []
     began = time.monotonic()
 
     async def caller(client: Client) -> None:
         while time.monotonic() - began < seconds:
-            response = await client.post("/api/quotes?explain=1", json={"quantity": 1})
-            assert response.status == 200
-            answers.append(await response.json())
+            answers.append(quays_part(await answer_of(client, {"quantity": 1})))
 
     await asyncio.gather(*(caller(c) for c in clients for _ in range(callers)))
     return answers
+
+
+def quays_part(answer: dict[str, Any]) -> dict[str, Any]:
+    """An answer cut to what these tests read of it: quay's failure, quay's bill, its time.
+
+    A load keeps thousands of answers to the end; whole, with every bill, they
+    were walked at each full garbage collection, a pause of 100-140 ms in the
+    middle of the 0.5 s budgets being measured.
+    """
+    return {
+        "failures": [f for f in answer["failures"] if f["supplier"] == "quay"],
+        "explain": {"suppliers": {"quay": answer["explain"]["suppliers"]["quay"]}},
+        "elapsed_ms": answer["elapsed_ms"],
+    }
 
 
 def code_of(answer: dict[str, Any]) -> str | None:
@@ -242,7 +256,8 @@ async def test_attempts_past_the_rate_stand_in_line_and_one_too_far_back_is_refu
     answers = await asyncio.gather(*(one() for _ in range(40)))
     quoted = [a for a in answers if code_of(a) is None]
     refused = [a for a in answers if code_of(a) == "rate_limited"]
-    assert len(quoted) + len(refused) == 40
+    unsettled = [a["explain"] for a in answers if code_of(a) not in SETTLED]
+    assert len(quoted) + len(refused) == 40, unsettled[:3]
     assert 20 + 2 <= len(quoted) <= 20 + 10  # the burst, then a turn every 50 ms
     waited = [a["explain"]["suppliers"]["quay"].get("rate_wait_ms") for a in quoted]
     assert sum(w is not None for w in waited) >= 2  # those in line waited for a turn

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import json
 import time
 from typing import Any
 
@@ -30,6 +31,7 @@ from quoteflow.fleet import FleetSlots
 from quoteflow.models import MovingDeadline
 from quoteflow.retry import CUT_MEMORY
 from quoteflow.slots import OutboundSlots
+from tests.asking import answer_of, post
 from tests.conftest import LOADED_MARGIN, TEST_CONNECT_TIMEOUT
 from tests.fakes import (
     FakeSuppliers,
@@ -93,10 +95,7 @@ def quoteflow(aiohttp_client: AiohttpClient, suppliers: FakeSuppliers) -> Any:
 
 
 async def explain(client: TestClient[Any, Any]) -> dict[str, Any]:
-    response = await client.post("/api/quotes?explain=1", json={"quantity": 1})
-    assert response.status == 200
-    answer: dict[str, Any] = await response.json()
-    return answer
+    return await answer_of(client, {"quantity": 1})
 
 
 def code_of(answer: dict[str, Any], supplier: str) -> str | None:
@@ -354,13 +353,13 @@ async def closed_loop(
     async def caller() -> None:
         while time.monotonic() < end:
             started = time.monotonic()
-            response = await client.post("/api/quotes", json={"quantity": 1})
+            status, body = await post(client, "/api/quotes", {"quantity": 1})
             took.append(time.monotonic() - started)
-            seen[f"status_{response.status}"] += 1
-            if response.status == 503:
+            seen[f"status_{status}"] += 1
+            if status == 503:
                 await asyncio.sleep(0.05)
                 continue
-            answer = await response.json()
+            answer = json.loads(body)
             quoted = {q["supplier"] for q in answer["quotes"]}
             seen["complete"] += len(quoted) == 3
             for supplier in quoted:
@@ -668,12 +667,12 @@ async def test_a_latency_spell_under_load_is_unlearned_once_it_ends(
 
     async def caller() -> None:
         while time.monotonic() < end:
-            response = await client.post("/api/quotes", json={"quantity": 1})
-            statuses[response.status] += 1
-            if response.status != 200:
+            status, body = await post(client, "/api/quotes", {"quantity": 1})
+            statuses[status] += 1
+            if status != 200:
                 await asyncio.sleep(0.05)
                 continue
-            answer = await response.json()
+            answer = json.loads(body)
             quoted = {q["supplier"] for q in answer["quotes"]}
             codes = tuple(f"{f['supplier']}:{f['code']}" for f in answer["failures"])
             log.append((time.monotonic() - spell_t, len(quoted) == 3, codes))

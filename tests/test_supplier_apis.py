@@ -22,6 +22,7 @@ from quoteflow.app import ROSTER, create_app
 from quoteflow.config import Settings
 from quoteflow.options import ConfigError, load_catalogue
 from tests.api_fakes import Arrived, ForeignApi, catalogue_text
+from tests.asking import answer_of
 from tests.catalogue_fakes import offer
 from tests.conftest import LOADED_MARGIN, TEST_BUDGET, TEST_CONNECT_TIMEOUT
 
@@ -76,10 +77,7 @@ def oauth2(api: ForeignApi, **extra: Any) -> dict[str, Any]:
 
 
 async def ask(client: Client, **body: Any) -> dict[str, Any]:
-    response = await client.post("/api/quotes?explain=1", json=body)
-    assert response.status == 200, await response.text()
-    answer: dict[str, Any] = await response.json()
-    return answer
+    return await answer_of(client, body)
 
 
 def code_of(answer: dict[str, Any], supplier: str) -> str | None:
