@@ -54,13 +54,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def forget_finished_apps() -> Iterator[None]:
     """Let each test's applications go once it is over.
 
-    aiohttp caches each application's built middleware chain, keyed on the
-    application, in an LRU of 1,024 entries (``web_app._cached_build_middleware``).
-    One application a process is what it is for; in a test worker it kept the
-    last thousand tests' applications alive, with their routes, metrics and
-    event loops: some 150,000 objects more, walked at every full garbage
-    collection. The pause grew to 200-330 ms on a quiet machine, past half a
-    test's 0.5 s budget: on a loaded one, every call in flight timed out.
+    aiohttp caches the middleware chain it builds for each handler, keyed on
+    the handler and its applications, in an LRU of 1,024 entries
+    (``web_app._cached_build_middleware``). One application a process is what
+    it is for; in a test worker it kept the applications of the last several
+    hundred tests alive, with their routes, metrics and event loops: some
+    150,000 objects more, walked at every full garbage collection. The pause
+    grew to 200-330 ms on a quiet machine, past half a test's 0.5 s budget:
+    on a loaded one, every call in flight timed out.
     """
     yield
     cache = getattr(web_app, "_cached_build_middleware", None)

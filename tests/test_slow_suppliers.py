@@ -571,12 +571,11 @@ def by_scenario(**responders: Responder) -> Responder:
 
 async def ask(client: TestClient[Any, Any], scenario: str = "normal") -> dict[str, Any]:
     """One request's answer with its bill; a 503 (admission) as ``{"status": 503}``."""
-    body = {"quantity": 1, "scenario": scenario}
-    response = await client.post("/api/quotes?explain=1", json=body)
-    if response.status == 503:
+    status, raw = await post(client, "/api/quotes?explain=1", {"quantity": 1, "scenario": scenario})
+    if status == 503:
         return {"status": 503}
-    assert response.status == 200
-    answer: dict[str, Any] = await response.json()
+    assert status == 200
+    answer: dict[str, Any] = json.loads(raw)
     return answer
 
 
