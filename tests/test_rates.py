@@ -68,30 +68,16 @@ async def start(
 
 
 async def load(clients: list[Client], seconds: float, callers: int) -> list[dict[str, Any]]:
-    """Every answer of ``callers`` per client for ``seconds``, cut to quay's part of it."""
+    """Every answer of ``callers`` per client asking back to back for ``seconds``."""
     answers: list[dict[str, Any]] = []
     began = time.monotonic()
 
     async def caller(client: Client) -> None:
         while time.monotonic() - began < seconds:
-            answers.append(quays_part(await answer_of(client, {"quantity": 1})))
+            answers.append(await answer_of(client, {"quantity": 1}))
 
     await asyncio.gather(*(caller(c) for c in clients for _ in range(callers)))
     return answers
-
-
-def quays_part(answer: dict[str, Any]) -> dict[str, Any]:
-    """An answer cut to what these tests read of it: quay's failure, quay's bill, its time.
-
-    A load keeps thousands of answers to the end; whole, with every bill, they
-    were walked at each full garbage collection, a pause of 100-140 ms in the
-    middle of the 0.5 s budgets being measured.
-    """
-    return {
-        "failures": [f for f in answer["failures"] if f["supplier"] == "quay"],
-        "explain": {"suppliers": {"quay": answer["explain"]["suppliers"]["quay"]}},
-        "elapsed_ms": answer["elapsed_ms"],
-    }
 
 
 def code_of(answer: dict[str, Any]) -> str | None:
