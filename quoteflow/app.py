@@ -30,9 +30,11 @@ from quoteflow.config import Settings
 from quoteflow.connections import ConnectionLimits, GuardedRunner, reserve_descriptors
 from quoteflow.console import add_console
 from quoteflow.fleet import Coordinator, LoopFairTimeout
+from quoteflow.fx import Rates, RatesFeed, RatesFile, check_rates_file, is_url
 from quoteflow.hostmetrics import HostTelemetry
 from quoteflow.logs import log_event
 from quoteflow.observe import PlainGauge, ReadCounter, Telemetry
+from quoteflow.offers import Pricing
 from quoteflow.options import (
     GUNICORN_MASTER_ENV,
     ConfigError,
@@ -63,6 +65,9 @@ COORDINATOR = web.AppKey("coordinator", Coordinator)
 SUPPLIER_RATES = web.AppKey("supplier_rates", SharedMeter)
 """Fleet mode only: each supplier's outbound rate, held in Redis for every worker."""
 PAUSES = web.AppKey("pauses", Pauses)
+RATES = web.AppKey("rates", Rates)
+"""The exchange rates (``--fx-rates``); absent when none are configured."""
+RATES_FEED = web.AppKey("rates_feed", RatesFeed)
 """Suppliers paused after a 429 with ``Retry-After``: one board for the process."""
 """Fleet mode only (``redis_url`` set): this worker's link to the others through Redis."""
 
@@ -140,6 +145,7 @@ def create_app(
         app[handlers.TELEMETRY].watch_callers()
         if callers.source is not None:
             register(app, CallersFile(gate, callers.source, environ))
+    _rates(app, settings)
     app[handlers.READY] = [True]
     app.on_shutdown.append(_stop_being_ready)
     if tracer is not None:
@@ -153,6 +159,29 @@ def create_app(
     handlers.add_routes(app, callers=callers is not None)
     add_console(app, settings)
     return app
+
+
+def _rates(app: web.Application, settings: Settings) -> None:
+    """The exchange rates of ``--fx-rates``: a file read now (and on SIGHUP), or a URL's feed.
+
+    A URL's first fetch and its refreshes run in a ``cleanup_ctx`` task of their
+    own, with a client session of their own: no request ever waits for them.
+    """
+    source = settings.fx_rates
+    if source is None:
+        return
+    rates = app[RATES] = Rates(settings.fx_max_age)
+    feed = None
+    if is_url(source):
+        feed = app[RATES_FEED] = RatesFeed(source, rates, refresh=settings.fx_refresh)
+        app.cleanup_ctx.append(feed.running)
+    else:
+        register(app, RatesFile(source, rates))
+    app[handlers.TELEMETRY].watch_rates(
+        published=lambda: 0.0 if rates.table is None else rates.table.published,
+        fresh=lambda: 1.0 if rates.fresh() else 0.0,
+        failures=lambda: {} if feed is None else feed.failures,
+    )
 
 
 def _callers(settings: Settings) -> Callers | None:
@@ -220,6 +249,7 @@ async def gunicorn_app() -> web.AppRunner:
     try:
         settings = settings_from_environ(os.environ)
         catalogue = load_catalogue(settings, os.environ)
+        check_rates_file(settings.fx_rates)
         reserve_descriptors(ConnectionLimits.of(settings), settings.outbound_limit)
         tracing = tracing_from_environ(os.environ)
     except ConfigError as exc:
@@ -497,6 +527,7 @@ def _supplier_session(
                     limit=settings.cart_limit,
                     batches=batches,
                 ),
+                pricing=Pricing(settings.currency, {}, app.get(RATES)),
             )
             app[SUPPLIER_CLIENT] = client
             app[handlers.SERVICE] = service

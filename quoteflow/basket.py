@@ -14,7 +14,7 @@ among the lines bought from it, so a supplier is not one facility but a chain
 of them: opened at shipping level ``L`` (one of the shipping values it quoted)
 it may take the lines whose shipping there is at most ``L`` and costs ``L``
 once. Each (supplier, level) is a facility; a line's cost at a facility is
-``unit_cents * quantity``. The best facility plan and the best basket cost the
+its goods (``line_cents``). The best facility plan and the best basket cost the
 same: opening two levels of one supplier never beats opening the higher alone.
 
 How it is solved, and why this way
@@ -120,18 +120,49 @@ def _one_per_supplier(
         raise ValueError(f"{attribute.name} must hold one offer per supplier, got {names}")
 
 
+def _maybe_cents(
+    instance: object, attribute: attrs.Attribute[int | None], value: int | None
+) -> None:
+    if value is not None and (type(value) is not int or value < 0):
+        raise ValueError(f"{attribute.name} must be an int of at least 0 or None, got {value!r}")
+
+
 @attrs.frozen
 class Offer:
-    """One supplier's usable quote for a line: its stock covers the quantity."""
+    """One supplier's usable quote for a line: a legal buy within its stock.
+
+    Its goods cost ``line_cents`` when given (an offer priced by its legal buy
+    and converted, ``offers.py``), else ``unit_cents`` × the line's quantity.
+    """
 
     supplier: str
-    unit_cents: int = attrs.field(validator=_cents)
+    unit_cents: int | None = attrs.field(validator=_maybe_cents)
     shipping_cents: int = attrs.field(validator=_cents)
+    line_cents: int | None = attrs.field(default=None, validator=_maybe_cents)
+    buy_quantity: int | None = None
+    """Units bought, when that is not the line's quantity."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.unit_cents is None and self.line_cents is None:
+            raise ValueError("an offer needs unit_cents or line_cents")
+
+    def goods(self, quantity: int) -> int:
+        """What the line's goods cost at this offer, shipping apart."""
+        if self.line_cents is not None:
+            return self.line_cents
+        assert self.unit_cents is not None
+        return self.unit_cents * quantity
 
     @classmethod
     def of_quote(cls, quote: RankedQuote) -> Offer:
         """The offer a ranked single quote makes."""
-        return cls(quote.supplier, quote.unit_cents, quote.shipping_cents)
+        return cls(
+            quote.supplier,
+            quote.unit_cents,
+            quote.shipping_cents,
+            quote.line_cents,
+            quote.buy_quantity,
+        )
 
 
 @attrs.frozen
@@ -184,7 +215,7 @@ def solve(
         quantity = line.quantity
         try:
             row = [
-                (o.unit_cents * quantity, position[o.supplier], o.shipping_cents, o)
+                (o.goods(quantity), position[o.supplier], o.shipping_cents, o)
                 for o in line.offers
             ]
         except KeyError as exc:
@@ -227,7 +258,7 @@ def solve(
 
 
 _Priced = tuple[int, int, int, Offer]
-"""An offer for a line: goods (``unit_cents * quantity``), catalogue position, shipping, itself."""
+"""An offer for a line: its goods (``Offer.goods``), catalogue position, shipping, itself."""
 
 
 def _basket(
@@ -245,7 +276,8 @@ def _basket(
             quantity=line.quantity,
             supplier=offer.supplier,
             unit_cents=offer.unit_cents,
-            line_cents=offer.unit_cents * line.quantity,
+            line_cents=offer.goods(line.quantity),
+            buy_quantity=offer.buy_quantity,
         )
         for line, offer in zip(quoted, chosen, strict=True)
     )

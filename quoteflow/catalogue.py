@@ -61,6 +61,7 @@ from quoteflow.batching import BatchError, BatchSpec, read_batch
 from quoteflow.callers import Rate, parse_rate
 from quoteflow.config import Settings
 from quoteflow.errors import ConfigError
+from quoteflow.money import minor_unit
 from quoteflow.templates import (
     PLACEHOLDERS,
     Placeholder,
@@ -117,6 +118,7 @@ _OPTIONAL = (
     "rate",
     "batch",
     "hedge",
+    "currency",
 )
 _KEYS = ("name", "url", *_OPTIONAL)
 _SHAPING = ("method", "query", "body")
@@ -224,6 +226,8 @@ class Supplier:
     """How it takes many lines per call (``batching.py``); ``None``: one SKU per call."""
     hedge: Hedge | None = None
     """Hedged second attempts (``hedge`` in its entry, else ``--hedge``); ``None``: none."""
+    currency: str = "USD"
+    """What its quotes that name no currency are in: its entry's, else ``--currency``."""
 
     def public(self) -> dict[str, object]:
         """What a log line or the ``starting`` event may show: header names, never values."""
@@ -252,6 +256,7 @@ class Supplier:
             fields["batch"] = {"max_items": self.batch.max_items, "rate_unit": self.batch.rate_unit}
         if self.hedge is not None:
             fields["hedge"] = attrs.asdict(self.hedge)
+        fields["currency"] = self.currency
         return fields
 
 
@@ -307,6 +312,7 @@ def default_catalogue(settings: Settings) -> Catalogue:
                 breaker_failures=settings.breaker_failures,
                 retry_budget_capacity=settings.retry_budget_capacity,
                 hedge=Hedge() if settings.hedge else None,
+                currency=settings.currency,
             )
             for name in LAB_SUPPLIERS
         )
@@ -426,7 +432,15 @@ class _Reader:
             hedge=self.hedge(table["hedge"], batch)
             if "hedge" in table
             else default_hedge(settings),
+            currency=self.currency(table.get("currency", settings.currency)),
         )
+
+    def currency(self, value: object) -> str:
+        """An ISO 4217 code with a minor unit, upper case."""
+        if minor_unit(value) is None:
+            self.fail("must be an ISO 4217 currency code with a minor unit, e.g. EUR", "currency")
+        assert isinstance(value, str)
+        return value
 
     def shape(
         self, url: str, headers: tuple[tuple[str, Text], ...], environ: Mapping[str, str]

@@ -17,6 +17,7 @@ from quoteflow.app import ServingRunner, begin_draining, create_app
 from quoteflow.catalogue import Catalogue
 from quoteflow.config import Settings
 from quoteflow.connections import ConnectionLimits, reserve_descriptors
+from quoteflow.fx import check_rates_file
 from quoteflow.logs import log_event
 from quoteflow.options import ConfigError, load_catalogue, loggable, parse_settings
 from quoteflow.reload import reload_all
@@ -32,6 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
         catalogue = load_catalogue(settings, os.environ)
+        check_rates_file(settings.fx_rates)
         reserve_descriptors(ConnectionLimits.of(settings), settings.outbound_limit)
         tracing = tracing_from_environ(os.environ)
     except ConfigError as exc:

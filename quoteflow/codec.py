@@ -10,8 +10,10 @@ unknown key is an error.
 from __future__ import annotations
 
 import json
-from typing import Any, NoReturn
+from decimal import Decimal
+from typing import Any, Final, NoReturn
 
+import attrs
 import cattrs
 import orjson
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
@@ -36,13 +38,18 @@ from quoteflow.models import (
     CartRequest,
     CartResult,
     Failure,
+    OfferTerms,
+    Pick,
+    PriceBreak,
     QuoteReport,
     QuoteRequest,
     QuoteResult,
     RankedQuote,
+    ShownOffer,
     SupplierQuote,
     SupplierTrace,
 )
+from quoteflow.money import MICROS_PER_MINOR, micros_of_decimal, micros_of_text, minor_unit
 
 # -- JSON text -----------------------------------------------------------------
 
@@ -72,6 +79,10 @@ def _parse_int(text: str) -> int:
 
 _decoder = json.JSONDecoder(
     parse_int=_parse_int,
+    # A number with a fraction or exponent is read exactly, never through a
+    # binary float: an adapter for an API that sends a price as 0.0034 sees
+    # Decimal("0.0034"). Every field of our own protocol refuses it anyway.
+    parse_float=Decimal,
     parse_constant=_reject_constant,
     object_pairs_hook=_reject_duplicate_keys,
 )
@@ -110,7 +121,7 @@ def _json_type(value: Any) -> str:
         return "a boolean"
     if isinstance(value, int):
         return "an integer"
-    if isinstance(value, float):
+    if isinstance(value, Decimal | float):
         return "a number with a fraction or exponent"
     if isinstance(value, str):
         return "a string"
@@ -175,6 +186,16 @@ def _scenario(value: Any, _: type) -> str:
     return value
 
 
+def _currency(value: Any, _: type) -> str:
+    if type(value) is not str:
+        raise _wrong_type(value, "a string")
+    if minor_unit(value) is None:
+        raise ValueError(
+            "must be an ISO 4217 currency code with a minor unit, in upper case (e.g. USD)"
+        )
+    return value
+
+
 def _strict_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
     converter.register_structure_hook(str, _strict_str)
@@ -191,6 +212,7 @@ _structure_request = make_dict_structure_fn(
     sku=override(struct_hook=_sku),
     quantity=override(struct_hook=_quantity),
     scenario=override(struct_hook=_scenario),
+    currency=override(struct_hook=_currency),
 )
 """Called directly, not through ``_requests.structure``: no dispatch per request."""
 
@@ -208,7 +230,7 @@ def decode_request(body: bytes) -> QuoteRequest:
         raise InvalidRequest(_field_errors(exc)) from exc
 
 
-_CART_KEYS = frozenset({"lines", "scenario"})
+_CART_KEYS = frozenset({"lines", "scenario", "currency"})
 _LINE_KEYS = ("sku", "quantity")
 
 
@@ -229,6 +251,12 @@ def decode_cart(body: bytes, max_lines: int) -> CartRequest:
             scenario = _scenario(obj["scenario"], str)
         except (TypeError, ValueError) as exc:
             errors.append(FieldError(("scenario",), str(exc)))
+    currency = None
+    if "currency" in obj:
+        try:
+            currency = _currency(obj["currency"], str)
+        except (TypeError, ValueError) as exc:
+            errors.append(FieldError(("currency",), str(exc)))
     lines: list[CartLine] = []
     raw_lines = obj.get("lines")
     if "lines" not in obj:
@@ -254,7 +282,7 @@ def decode_cart(body: bytes, max_lines: int) -> CartRequest:
             lines.append(line)
     if errors:
         raise InvalidRequest(errors)
-    return CartRequest(lines=tuple(lines), scenario=scenario)
+    return CartRequest(lines=tuple(lines), scenario=scenario, currency=currency)
 
 
 def _cart_line(raw: Any, index: int, errors: list[FieldError]) -> CartLine | None:
@@ -327,19 +355,143 @@ _structure_quote = make_dict_structure_fn(
     shipping_cents=override(struct_hook=_supplied_number),
     stock=override(struct_hook=_supplied_number),
     # What QuoteFlow learns beside the payload: a supplier can never send these.
+    terms=override(omit=True),
     cache_control=override(omit=True),
     age_s=override(omit=True),
 )
+"""Today's five keys: the path nearly every answer takes, as fast as before offers."""
+
+_TODAY_KEYS: Final = frozenset({"supplier", "sku", "unit_cents", "shipping_cents", "stock"})
+
+MAX_OFFER_COUNT: Final = 10**9
+"""The largest ``moq`` or ``multiple`` a supplier may state."""
 
 
-def decode_supplier_quote(body: bytes, *, supplier: str, sku: str) -> SupplierQuote:
+def _offer_count(value: Any, _: type) -> int:
+    if type(value) is not int:
+        raise _wrong_type(value, "an integer")
+    if not 1 <= value <= MAX_OFFER_COUNT:
+        raise ValueError(f"must be from 1 to 10**9, got {value}")
+    return value
+
+
+def _price_text(value: Any, _: type) -> int:
+    """A decimal string as micros of the major unit (``money.MICROS``)."""
+    if type(value) is not str:
+        raise _wrong_type(value, "a decimal string")
+    micros = micros_of_text(value)
+    if micros is None:
+        raise ValueError("must be a decimal string like 12.50, at most 6 decimal places")
+    if micros > MAX_SUPPLIED_NUMBER:
+        raise ValueError("must be below 9007199254.740991")
+    return micros
+
+
+def _price_adapted(value: Any, _: type) -> int:
+    """An adapter's price: a decimal string, or a ``Decimal`` of at most 6 places."""
+    if isinstance(value, Decimal):
+        micros = micros_of_decimal(value)
+        if micros is None:
+            raise ValueError("must be a finite Decimal of at least 0 with at most 6 places")
+        if micros > MAX_SUPPLIED_NUMBER:
+            raise ValueError("must be below 9007199254.740991")
+        return micros
+    return _price_text(value, str)
+
+
+_BREAK_PRICES: Final = ("unit_price", "unit_cents")
+
+
+def _breaks_hook(price: Any) -> Any:
+    def breaks(value: Any, _: type) -> tuple[tuple[int, int, bool], ...]:
+        """``[{quantity, unit_price | unit_cents}, ...]`` as (quantity, price, in minor units)."""
+        if type(value) is not list:
+            raise _wrong_type(value, "an array")
+        if not value:
+            raise ValueError("must have at least one break")
+        read: list[tuple[int, int, bool]] = []
+        for index, entry in enumerate(value):
+            if type(entry) is not dict:
+                raise ValueError(f"[{index}] {_wrong_type(entry, 'an object')}")
+            given = [key for key in _BREAK_PRICES if key in entry]
+            extra = sorted(set(entry) - {"quantity", *_BREAK_PRICES})
+            if extra:
+                raise ValueError(f"[{index}].{extra[0]}: unknown field")
+            if len(given) != 1:
+                raise ValueError(f"[{index}] must have exactly one of unit_price or unit_cents")
+            try:
+                quantity = _offer_count(entry.get("quantity"), int)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"[{index}].quantity {exc}") from None
+            if read and quantity <= read[-1][0]:
+                raise ValueError(f"[{index}].quantity must rise, {quantity} after {read[-1][0]}")
+            try:
+                if given[0] == "unit_cents":
+                    read.append((quantity, _supplied_number(entry["unit_cents"], int), True))
+                else:
+                    read.append((quantity, price(entry["unit_price"], str), False))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"[{index}].{given[0]} {exc}") from None
+        return tuple(read)
+
+    return breaks
+
+
+@attrs.frozen(kw_only=True)
+class _WireOffer:
+    """A quote with offer fields as the protocol carries it, each field checked alone."""
+
+    supplier: str
+    sku: str
+    stock: int
+    currency: str | None = None
+    unit_cents: int | None = None
+    unit_price: int | None = None
+    """Micros."""
+    breaks: tuple[tuple[int, int, bool], ...] | None = None
+    shipping_cents: int | None = None
+    shipping: int | None = None
+    """Micros."""
+    moq: int = 1
+    multiple: int = 1
+
+
+def _offer_structure(price: Any) -> Any:
+    return make_dict_structure_fn(
+        _WireOffer,
+        _payloads,
+        stock=override(struct_hook=_supplied_number),
+        currency=override(struct_hook=_currency),
+        unit_cents=override(struct_hook=_supplied_number),
+        unit_price=override(struct_hook=price),
+        breaks=override(struct_hook=_breaks_hook(price)),
+        shipping_cents=override(struct_hook=_supplied_number),
+        shipping=override(struct_hook=price),
+        moq=override(struct_hook=_offer_count),
+        multiple=override(struct_hook=_offer_count),
+    )
+
+
+_structure_offer = _offer_structure(_price_text)
+"""A supplier's own JSON: a price that is not a string (a JSON number) is refused."""
+_structure_adapted_offer = _offer_structure(_price_adapted)
+"""An adapter's mapping: a ``Decimal`` price is welcome too."""
+
+
+def decode_supplier_quote(
+    body: bytes, *, supplier: str, sku: str, currency: str = "USD"
+) -> SupplierQuote:
     """Parse one supplier's 200 body as its quote for ``sku``.
 
     Raises ``InvalidSupplierData`` for anything else: not JSON, not an object,
-    wrong or missing or extra keys, wrong types, negative numbers, or a quote
-    that names another supplier or SKU.
+    wrong or missing or extra keys, wrong types, negative numbers, an offer
+    that breaks a rule of the protocol, or a quote that names another
+    supplier or SKU. ``currency``: the supplier's default, for a quote that
+    names none.
     """
-    return supplier_quote_from(decode_supplier_json(body), supplier=supplier, sku=sku)
+    return supplier_quote_from(
+        decode_supplier_json(body), supplier=supplier, sku=sku, currency=currency
+    )
 
 
 def decode_supplier_json(body: bytes) -> Any:
@@ -350,12 +502,22 @@ def decode_supplier_json(body: bytes) -> Any:
         raise InvalidSupplierData(f"not JSON: {exc}") from exc
 
 
-def supplier_quote_from(obj: Any, *, supplier: str, sku: str) -> SupplierQuote:
-    """Check decoded JSON (or an adapter's output) as ``supplier``'s quote for ``sku``."""
+def supplier_quote_from(
+    obj: Any, *, supplier: str, sku: str, currency: str = "USD", adapted: bool = False
+) -> SupplierQuote:
+    """Check decoded JSON (or an adapter's output, ``adapted``) as ``supplier``'s quote for ``sku``.
+
+    ``currency``: the supplier's default (its catalogue entry's, else the
+    service's), which a quote that names none is in.
+    """
     if type(obj) is not dict:
         raise InvalidSupplierData(f"not a JSON object but {_json_type(obj)}")
     try:
-        quote = _structure_quote(obj, SupplierQuote)
+        if obj.keys() == _TODAY_KEYS:
+            quote = _structure_quote(obj, SupplierQuote)
+        else:
+            structure = _structure_adapted_offer if adapted else _structure_offer
+            quote = _quote_of_offer(structure(obj, _WireOffer), currency)
     except ClassValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(map(str, e.loc)) or '$'}: {e.msg}" for e in _field_errors(exc)
@@ -364,6 +526,66 @@ def supplier_quote_from(obj: Any, *, supplier: str, sku: str) -> SupplierQuote:
     if quote.supplier != supplier or quote.sku != sku:
         raise InvalidSupplierData(f"quote is for {quote.supplier!r}/{quote.sku!r}")
     return quote
+
+
+def _quote_of_offer(wire: _WireOffer, default_currency: str) -> SupplierQuote:
+    """The rules between an offer's fields; each broken one is named in ``InvalidSupplierData``."""
+    prices = [
+        name
+        for name, value in (
+            ("unit_cents", wire.unit_cents),
+            ("unit_price", wire.unit_price),
+            ("breaks", wire.breaks),
+        )
+        if value is not None
+    ]
+    if len(prices) != 1:
+        raise InvalidSupplierData(
+            "unit_cents, unit_price, breaks: exactly one must be given, got "
+            + (", ".join(prices) or "none")
+        )
+    if (wire.shipping_cents is None) == (wire.shipping is None):
+        raise InvalidSupplierData("shipping_cents, shipping: exactly one must be given")
+    currency = default_currency if wire.currency is None else wire.currency
+    exponent = minor_unit(currency)
+    assert exponent is not None  # the hook and the settings checked it
+    to_minor = MICROS_PER_MINOR[exponent]
+    if wire.shipping is not None:
+        if wire.shipping % to_minor:
+            raise InvalidSupplierData(f"shipping: more decimal places than {currency}'s {exponent}")
+        shipping = wire.shipping // to_minor
+    else:
+        assert wire.shipping_cents is not None
+        shipping = wire.shipping_cents
+    unit_cents = None
+    if wire.breaks is not None:
+        breaks = tuple(
+            PriceBreak(quantity, price * to_minor if minor else price)
+            for quantity, price, minor in wire.breaks
+        )
+    elif wire.unit_price is not None:
+        breaks = (PriceBreak(1, wire.unit_price),)
+    else:
+        assert wire.unit_cents is not None
+        unit_cents = wire.unit_cents
+        breaks = (PriceBreak(1, unit_cents * to_minor),)
+    if breaks[-1].micros > MAX_SUPPLIED_NUMBER * to_minor:
+        raise InvalidSupplierData("breaks: a unit price above 2**53 - 1 minor units")
+    terms = OfferTerms(
+        currency=wire.currency,
+        breaks=breaks,
+        moq=wire.moq,
+        multiple=wire.multiple,
+        exponent=exponent,
+    )
+    return SupplierQuote(
+        supplier=wire.supplier,
+        sku=wire.sku,
+        unit_cents=unit_cents,
+        shipping_cents=shipping,
+        stock=wire.stock,
+        terms=terms,
+    )
 
 
 INSUFFICIENT_STOCK = "insufficient_stock"
@@ -416,10 +638,25 @@ def to_json(obj: Any) -> bytes:
 
 
 _results = cattrs.Converter()
+_results.register_unstructure_hook(
+    ShownOffer,
+    make_dict_unstructure_fn(
+        ShownOffer,
+        _results,
+        rate=override(omit_if_default=True),
+        rate_date=override(omit_if_default=True),
+    ),
+)
 _unstructure_quote = make_dict_unstructure_fn(
     RankedQuote,
     _results,
-    # ``age_s`` only for a quote from the cache: every other answer is unchanged.
+    # A quote answered as today keeps exactly today's keys: ``unit_cents``
+    # and nothing of offers; any other has ``line_cents`` and its ``offer``
+    # instead. ``age_s`` only for a quote from the cache.
+    unit_cents=override(omit_if_default=True),
+    line_cents=override(omit_if_default=True),
+    buy_quantity=override(omit_if_default=True),
+    offer=override(omit_if_default=True),
     age_s=override(omit_if_default=True),
 )
 _unstructure_failure = _results.get_unstructure_hook(Failure)
@@ -431,6 +668,7 @@ def encode_result(result: QuoteResult) -> dict[str, Any]:
     return {
         "sku": result.sku,
         "quantity": result.quantity,
+        "currency": result.currency,
         "quotes": quotes,
         "failures": [_unstructure_failure(failure) for failure in result.failures],
         "best": quotes[0] if quotes else None,
@@ -444,22 +682,15 @@ def encode_cart(result: CartResult) -> dict[str, Any]:
     lines = []
     for line in result.lines:
         encoded = encode_result(line)
-        del encoded["elapsed_ms"], encoded["request_id"]  # the cart's, given once
+        # The cart's, given once.
+        del encoded["elapsed_ms"], encoded["request_id"], encoded["currency"]
         lines.append(encoded)
     basket = result.basket
     return {
+        "currency": result.currency,
         "lines": lines,
         "basket": {
-            "picks": [
-                {
-                    "sku": pick.sku,
-                    "quantity": pick.quantity,
-                    "supplier": pick.supplier,
-                    "unit_cents": pick.unit_cents,
-                    "line_cents": pick.line_cents,
-                }
-                for pick in basket.picks
-            ],
+            "picks": [_pick(pick) for pick in basket.picks],
             "shipping": [
                 {"supplier": item.supplier, "shipping_cents": item.shipping_cents}
                 for item in basket.shipping
@@ -473,6 +704,21 @@ def encode_cart(result: CartResult) -> dict[str, Any]:
         "elapsed_ms": round(result.elapsed_ms, 3),
         "request_id": result.request_id,
     }
+
+
+def _pick(pick: Pick) -> dict[str, Any]:
+    """A basket line: ``unit_cents`` only when answered as today, ``buy_quantity`` if it differs."""
+    encoded: dict[str, Any] = {
+        "sku": pick.sku,
+        "quantity": pick.quantity,
+        "supplier": pick.supplier,
+    }
+    if pick.unit_cents is not None:
+        encoded["unit_cents"] = pick.unit_cents
+    encoded["line_cents"] = pick.line_cents
+    if pick.buy_quantity is not None:
+        encoded["buy_quantity"] = pick.buy_quantity
+    return encoded
 
 
 def encode_errors(errors: tuple[FieldError, ...]) -> list[dict[str, Any]]:

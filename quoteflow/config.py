@@ -10,6 +10,7 @@ from yarl import URL
 
 from quoteflow.auth import ApiKeys
 from quoteflow.callers import Callers
+from quoteflow.money import minor_unit
 
 SCENARIOS: tuple[str, ...] = ("normal", "slow", "broken", "malformed", "flaky")
 """Lab scenarios a caller may forward to the suppliers."""
@@ -150,6 +151,16 @@ class Settings:
     cache_max_age: float = attrs.field(default=30.0, validator=_positive)
     """Cap on a supplier's ``max-age`` and ``stale-if-error``, seconds."""
     console: bool = attrs.field(default=False, validator=v.instance_of(bool))
+    currency: str = attrs.field(default="USD")
+    """The answers' currency unless a request names one, and every supplier's unless its
+    catalogue entry or its quote says otherwise: ISO 4217 with a minor unit."""
+    fx_rates: str | None = attrs.field(default=None)
+    """ECB ``eurofxref-daily.xml`` rates: a file, or an ``http(s)`` URL refreshed in the
+    background (``fx.py``). None: quotes in another currency than the answer's are ``no_rate``."""
+    fx_refresh: float = attrs.field(default=3600.0, validator=[v.ge(1), v.le(7 * 86400)])
+    """Seconds between two fetches of a rates URL."""
+    fx_max_age: float = attrs.field(default=6 * 86400.0, validator=[v.gt(0), v.le(366 * 86400)])
+    """Seconds after its publication (its date at 16:00 CET) a rates table is still used."""
     """Serve the console page (``GET /console``): ask, burst and see each bill drawn."""
     console_lab: str | None = attrs.field(default=None)
     """A provider lab the console may switch faults and latency of (``/api/console/lab/``);
@@ -166,6 +177,18 @@ class Settings:
             raise ValueError(problem) from None
         if url.scheme not in ("http", "https") or not url.host:
             raise ValueError(problem)
+
+    @currency.validator
+    def _check_currency(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if minor_unit(value) is None:
+            raise ValueError(
+                f"currency must be an ISO 4217 code with a minor unit, e.g. USD; got {value!r}"
+            )
+
+    @fx_rates.validator
+    def _check_fx_rates(self, attribute: attrs.Attribute[str | None], value: str | None) -> None:
+        if value is not None and not value.strip():
+            raise ValueError("fx_rates must name a file or an http(s) URL")
 
     @console_lab.validator
     def _check_console_lab(self, attribute: attrs.Attribute[str | None], value: str | None) -> None:

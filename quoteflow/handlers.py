@@ -31,6 +31,7 @@ from quoteflow.codec import (
 from quoteflow.errors import (
     BadRequestBody,
     CapacityExhausted,
+    FieldError,
     InvalidRequest,
     QuotaExceeded,
     SeatsExceeded,
@@ -129,6 +130,7 @@ async def quotes(request: web.Request) -> web.Response:
     # a caller that sends it slowly never holds one.
     service.ensure_capacity()
     quote_request = decode_request(await _read_body(request))
+    _answerable(service, quote_request.currency)
     with service.admitted() as admitted_at:
         report = await service.quote(quote_request, request[REQUEST_ID], admitted_at)
     return _answer(request, report)
@@ -146,6 +148,7 @@ async def quotes_for_caller(request: web.Request) -> web.Response:
     await gate_pass.enter(service.ensure_capacity)
     try:
         quote_request = decode_request(await _read_body(request))
+        _answerable(service, quote_request.currency)
         with service.admitted() as admitted_at:
             # A fleet-wide rate's round trip came before admission: the budget pays for it.
             since = admitted_at - gate_pass.waited
@@ -154,6 +157,13 @@ async def quotes_for_caller(request: web.Request) -> web.Response:
     finally:
         gate_pass.leave()
     return _answer(request, report)
+
+
+def _answerable(service: QuoteService, currency: str | None) -> None:
+    """A request's ``currency`` must be the default or one the rates table knows (else 422)."""
+    if currency is not None and not service.answers_in(currency):
+        problem = f"{currency} is neither {service.currency} (--currency) nor in the rates table"
+        raise InvalidRequest([FieldError(("currency",), problem)])
 
 
 def cart_body_cap(max_lines: int) -> int:
@@ -177,6 +187,7 @@ async def carts(request: web.Request) -> web.Response:
     service.ensure_cart_capacity()
     max_lines = request.app[MAX_CART_LINES]
     cart = decode_cart(await _read_body(request, cart_body_cap(max_lines)), max_lines)
+    _answerable(service, cart.currency)
     gate_pass = None
     if GATE in request.app:
         gate_pass = request[PASS] = Pass(request.app[GATE], request[CALLER])

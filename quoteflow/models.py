@@ -25,6 +25,10 @@ NOT_FOUND = "not_found"
 """A batch supplier answered the call, and said it has no such SKU (a cart's line, or a
 single quote asked of a batch supplier). Never retried, never counted by its breaker;
 a classic supplier's 404 stays ``http_404``."""
+NO_RATE = "no_rate"
+"""The supplier answered with a quote in a currency that no fresh exchange rate converts
+to the answer's (``fx.py``): never compared in the wrong currency, never retried, never
+counted by its breaker."""
 AUTH_FAILED = "auth_failed"
 """No OAuth2 token for the supplier in time: its token endpoint is down, slow or refuses
 QuoteFlow's credentials (``tokens.py``). Not the supplier's failure, never retried."""
@@ -89,6 +93,8 @@ class QuoteRequest:
     sku: str = attrs.field(default="KB-001", validator=_sku)
     quantity: int = attrs.field(default=2, validator=_quantity)
     scenario: str = attrs.field(default="normal", validator=v.in_(SCENARIOS))
+    currency: str | None = None
+    """The answer's currency; None: the service's ``--currency``. Not sent to suppliers."""
 
 
 @attrs.frozen
@@ -101,15 +107,46 @@ class Asked:
     scenario: str
 
 
+@attrs.frozen
+class PriceBreak:
+    """An all-units price break: from ``quantity`` units on, each costs ``micros``."""
+
+    quantity: int
+    micros: int
+    """The unit price in millionths of the currency's major unit (``money.MICROS``)."""
+
+
+@attrs.frozen(kw_only=True)
+class OfferTerms:
+    """How a supplier sells a part, beyond today's integer unit price (issue: offers).
+
+    Present only on a quote that said more than today's five keys; the legal buy
+    and the conversion (``offers.py``) read it per request.
+    """
+
+    currency: str | None
+    """As the supplier gave it; None: its default (the catalogue's, else ``--currency``)."""
+    breaks: tuple[PriceBreak, ...]
+    """Rising quantities; one break at quantity 1 for a single unit price."""
+    moq: int = 1
+    multiple: int = 1
+    exponent: int = 2
+    """The minor unit's digits of the offer's currency, as it was decoded."""
+
+
 @attrs.frozen(kw_only=True)
 class SupplierQuote:
-    """One supplier's answer, exactly as its wire format carries it."""
+    """One supplier's answer, as its wire format carries it (money in exact integers)."""
 
     supplier: str = attrs.field(validator=v.instance_of(str))
     sku: str = attrs.field(validator=v.instance_of(str))
-    unit_cents: int = attrs.field(validator=_count)
+    unit_cents: int | None = attrs.field(default=None)
+    """Today's integer unit price in minor units; None when ``terms`` price it otherwise."""
     shipping_cents: int = attrs.field(validator=_count)
+    """In the offer currency's minor units, however the supplier wrote it."""
     stock: int = attrs.field(validator=_count)
+    terms: OfferTerms | None = None
+    """None: a quote in today's shape (``unit_cents`` in the supplier's default currency)."""
     cache_control: str | None = None
     """The answer's ``Cache-Control`` header, kept only when the quote cache is on."""
     age_s: float | None = None
@@ -117,30 +154,59 @@ class SupplierQuote:
 
 
 @attrs.frozen(kw_only=True)
+class ShownOffer:
+    """A converted or otherwise priced offer as the supplier gave it, for the answer."""
+
+    currency: str
+    unit_price: str
+    """The break used, a decimal string in the offer's major units."""
+    shipping: str
+    rate: str | None = None
+    """Answer-currency units per offer-currency unit, 10 significant digits; only when converted."""
+    rate_date: str | None = None
+    """The ECB table's date the rate comes from; only when converted."""
+
+
+@attrs.frozen(kw_only=True)
 class RankedQuote:
-    """A usable quote priced for the requested quantity."""
+    """A usable quote priced for the requested quantity, in the answer's currency."""
 
     supplier: str
     sku: str
-    unit_cents: int
+    unit_cents: int | None = None
+    """Only for a quote answered as today: native currency, whole minor units, bought as asked."""
     shipping_cents: int
     stock: int
     total_cents: int
+    line_cents: int | None = None
+    """The goods, converted; every quote not answered as today has it."""
+    buy_quantity: int | None = None
+    """Units bought, when that is not the quantity asked (MOQ, multiple, a cheaper break)."""
+    offer: ShownOffer | None = None
     age_s: float | None = None
     """Set only for a quote from the cache; the answer leaves it out otherwise."""
 
     @classmethod
     def for_quantity(cls, quote: SupplierQuote, quantity: int) -> RankedQuote:
-        """Price ``quote`` for ``quantity`` units, shipping included."""
+        """Price a quote in today's shape for ``quantity`` units, shipping included."""
+        unit_cents = quote.unit_cents
+        assert unit_cents is not None
         return cls(
             supplier=quote.supplier,
             sku=quote.sku,
-            unit_cents=quote.unit_cents,
+            unit_cents=unit_cents,
             shipping_cents=quote.shipping_cents,
             stock=quote.stock,
-            total_cents=quote.unit_cents * quantity + quote.shipping_cents,
+            total_cents=unit_cents * quantity + quote.shipping_cents,
             age_s=quote.age_s,
         )
+
+    @property
+    def goods_cents(self) -> int:
+        """What the goods cost, shipping apart, in the answer's minor units."""
+        if self.line_cents is not None:
+            return self.line_cents
+        return self.total_cents - self.shipping_cents
 
 
 @attrs.frozen
@@ -163,6 +229,8 @@ class QuoteResult:
     """Suppliers without a usable quote, in the fixed supplier order."""
     elapsed_ms: float
     request_id: str
+    currency: str = "USD"
+    """The currency every money field of the answer is in."""
 
     @property
     def best(self) -> RankedQuote | None:
@@ -310,6 +378,8 @@ class CartRequest:
 
     lines: tuple[CartLine, ...]
     scenario: str = attrs.field(default="normal", validator=v.in_(SCENARIOS))
+    currency: str | None = None
+    """The answer's currency; None: the service's ``--currency``."""
 
     def line_request(self, line: CartLine) -> QuoteRequest:
         """``line`` as a supplier is asked it: a single quote's request."""
@@ -323,9 +393,12 @@ class Pick:
     sku: str
     quantity: int
     supplier: str
-    unit_cents: int
+    unit_cents: int | None
+    """Only when the line's quote is answered as today (see ``RankedQuote``)."""
     line_cents: int
-    """``unit_cents * quantity``: the goods, shipping apart."""
+    """The goods, shipping apart, in the answer's currency."""
+    buy_quantity: int | None = None
+    """Units bought, when that is not the line's quantity."""
 
 
 @attrs.frozen
@@ -365,6 +438,7 @@ class CartResult:
     basket: Basket
     elapsed_ms: float
     request_id: str
+    currency: str = "USD"
 
 
 @attrs.frozen(kw_only=True)

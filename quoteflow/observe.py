@@ -511,6 +511,37 @@ class Telemetry:
             ),
         )
 
+    def watch_rates(
+        self,
+        *,
+        published: Callable[[], float],
+        fresh: Callable[[], float],
+        failures: Callable[[], Mapping[str, int]],
+    ) -> None:
+        """The exchange rates (``fx.py``), read at scrape time."""
+        when = PlainGauge(
+            "quoteflow_fx_rates_published_seconds",
+            "Publication time (Unix seconds) of the rates table in use; 0: none yet.",
+            host_mode="livemin",
+        )
+        when.readers[()] = published
+        usable = PlainGauge(
+            "quoteflow_fx_rates_fresh",
+            "1 while the rates table is younger than --fx-max-age, else 0 (quotes are no_rate).",
+            host_mode="livemin",
+        )
+        usable.readers[()] = fresh
+        self.add(
+            when,
+            usable,
+            ReadCounter(
+                "quoteflow_fx_refresh_failures",
+                "Fetches of the --fx-rates URL that failed (the last good table was kept).",
+                ("reason",),
+                lambda: {(reason,): float(count) for reason, count in failures().items()},
+            ),
+        )
+
     def served(self, report: QuoteReport) -> None:
         """A request was answered with a result: count it and log its bill.
 

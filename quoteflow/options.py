@@ -120,6 +120,20 @@ _OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     ),
     "cache_max_age": (float, "cap on a supplier's max-age and stale-if-error, seconds (30)"),
     "console": (_boolean, "serve the console page at /console (default: off)"),
+    "currency": (
+        str,
+        "ISO 4217 currency of answers and of suppliers that name none (default USD)",
+    ),
+    "fx_rates": (
+        str,
+        "ECB eurofxref-daily.xml rates: a file (re-read on SIGHUP) or an http(s) URL "
+        "(default: none, foreign quotes are no_rate)",
+    ),
+    "fx_refresh": (float, "seconds between fetches of an --fx-rates URL (3600)"),
+    "fx_max_age": (
+        float,
+        "seconds after publication (its date, 16:00 CET) rates stay usable (518400: 6 days)",
+    ),
     "console_lab": (
         str,
         "provider lab whose faults and latency the console may switch, e.g. "

@@ -85,7 +85,8 @@ class SupplierRoster:
             previous=None if previous is None else previous.breakers,
         )
         # No supplier with a breaker: nothing to ask per request.
-        return Lineup(self.catalogue.names, breakers if breakers else None)
+        currencies = {supplier.name: supplier.currency for supplier in self.catalogue.suppliers}
+        return Lineup(self.catalogue.names, breakers if breakers else None, currencies)
 
     def wire(
         self,

@@ -38,8 +38,6 @@ from quoteflow.errors import CapacityExhausted
 from quoteflow.models import (
     AUTH_FAILED,
     CIRCUIT_OPEN,
-    INVALID_DATA,
-    MAX_SUPPLIED_NUMBER,
     STOPPED_CIRCUIT_OPEN,
     STOPPED_DEADLINE,
     STOPPED_NO_TOKEN,
@@ -57,6 +55,7 @@ from quoteflow.models import (
     SupplierQuote,
     SupplierTrace,
 )
+from quoteflow.offers import DEFAULT_CURRENCY, Pricing
 
 
 class SupplierGateway(Protocol):
@@ -132,6 +131,9 @@ class Lineup:
     suppliers: tuple[str, ...]
     breakers: Breakers | None = None
     """None: every supplier is asked on every request (no supplier has a breaker)."""
+    currencies: dict[str, str] = attrs.Factory(dict)
+    """Each supplier's own currency (its catalogue ``currency``), for quotes naming none;
+    a supplier not listed quotes in the service's ``--currency``."""
 
 
 class QuoteService:
@@ -148,6 +150,7 @@ class QuoteService:
         stale_quotes: StaleQuotes | None = None,
         circuit_open: Callable[[str], None] | None = None,
         carts: CartSettings | None = None,
+        pricing: Pricing | None = None,
     ) -> None:
         self._gateway = gateway
         self.lineup = lineup
@@ -165,10 +168,33 @@ class QuoteService:
         """None: carts are not served (a service built for single quotes only)."""
         self.carts_in_flight = 0
         """Carts admitted and not yet answered: seats of their own, apart from ``in_flight``."""
+        if pricing is None:
+            pricing = Pricing(DEFAULT_CURRENCY, {})
+        self._pricing = attrs.evolve(pricing, native=dict(lineup.currencies))
+        """How quotes are priced in the default currency; replaced with the lineup."""
+
+    @property
+    def currency(self) -> str:
+        """The answers' currency when a request names none (``--currency``)."""
+        return self._pricing.currency
 
     def use(self, lineup: Lineup) -> None:
         """Ask ``lineup``'s suppliers from the next request on; requests in flight keep theirs."""
         self.lineup = lineup
+        self._pricing = attrs.evolve(self._pricing, native=dict(lineup.currencies))
+
+    def answers_in(self, currency: str) -> bool:
+        """A request may ask for its answer in ``currency``: the default, or one the rates know."""
+        pricing = self._pricing
+        return currency == pricing.currency or (
+            pricing.rates is not None and pricing.rates.knows(currency)
+        )
+
+    def _pricing_for(self, currency: str | None) -> Pricing:
+        pricing = self._pricing
+        if currency is None or currency == pricing.currency:
+            return pricing
+        return attrs.evolve(pricing, currency=currency)
 
     def ensure_capacity(self) -> None:
         """Refuse at once, taking nothing, when every inbound slot is taken."""
@@ -207,6 +233,7 @@ class QuoteService:
         # encoding and sending the answer fit inside it too.
         deadline = admitted_at + self._budget - self._answer_reserve
         lineup = self.lineup
+        pricing = self._pricing_for(request.currency)
         breakers = lineup.breakers
         traces = tuple(SupplierTrace(supplier) for supplier in lineup.suppliers)
         outcomes: dict[str, SupplierQuote | Failure] = {}
@@ -272,7 +299,7 @@ class QuoteService:
                 for trace, permit, _ in asked:
                     _judge(breakers, trace, permit, None, Verdict.UNKNOWN)
         elapsed_ms = (time.monotonic() - admitted_at) * 1000
-        result = _rank(request, request_id, lineup.suppliers, outcomes, elapsed_ms)
+        result = _rank(request, request_id, lineup.suppliers, outcomes, elapsed_ms, pricing)
         return QuoteReport(
             result=result,
             budget=self._budget,
@@ -331,6 +358,7 @@ class QuoteService:
         budget = carts.budget
         deadline = admitted_at + budget - self._answer_reserve - carts.solve_reserve
         lineup = self.lineup
+        pricing = self._pricing_for(cart.currency)
         breakers = lineup.breakers
         outcomes: dict[tuple[str, str], SupplierQuote | Failure] = {}
         traces: list[SupplierTrace] = []
@@ -409,7 +437,7 @@ class QuoteService:
                         breaker.record(permit, Verdict.UNKNOWN)
         elapsed_ms = (time.monotonic() - admitted_at) * 1000
         ranked = tuple(
-            _rank_line(cart, line, request_id, lineup.suppliers, outcomes, elapsed_ms)
+            _rank_line(cart, line, request_id, lineup.suppliers, outcomes, elapsed_ms, pricing)
             for line in cart.lines
         )
         solve_started = time.monotonic()
@@ -421,6 +449,7 @@ class QuoteService:
             basket=basket,
             elapsed_ms=(solved - admitted_at) * 1000,
             request_id=request_id,
+            currency=pricing.currency,
         )
         return CartReport(
             result=result,
@@ -506,20 +535,16 @@ def _rank_line(
     suppliers: tuple[str, ...],
     outcomes: dict[tuple[str, str], SupplierQuote | Failure],
     elapsed_ms: float,
+    pricing: Pricing,
 ) -> QuoteResult:
-    """One line ranked as a single quote is; a price no JSON reader keeps exact is no price."""
+    """One line ranked as a single quote is."""
     line_outcomes: dict[str, SupplierQuote | Failure] = {}
     for supplier in suppliers:
         outcome = outcomes.get((supplier, line.sku))
-        if outcome is None:
-            continue
-        if (
-            isinstance(outcome, SupplierQuote)
-            and outcome.unit_cents * line.quantity + outcome.shipping_cents > MAX_SUPPLIED_NUMBER
-        ):
-            outcome = Failure(supplier, INVALID_DATA)
-        line_outcomes[supplier] = outcome
-    return _rank(cart.line_request(line), request_id, suppliers, line_outcomes, elapsed_ms)
+        if outcome is not None:
+            line_outcomes[supplier] = outcome
+    request = cart.line_request(line)
+    return _rank(request, request_id, suppliers, line_outcomes, elapsed_ms, pricing)
 
 
 def _cut_off(
@@ -560,16 +585,21 @@ def _rank(
     suppliers: tuple[str, ...],
     outcomes: dict[str, SupplierQuote | Failure],
     elapsed_ms: float,
+    pricing: Pricing,
 ) -> QuoteResult:
-    """Usable quotes cheapest first; a failure for every supplier without one."""
+    """Usable quotes cheapest first, in the answer's currency; a failure for each other one."""
     quotes: list[RankedQuote] = []
     failures: list[Failure] = []
+    need = request.quantity
     for supplier in suppliers:
         outcome = outcomes.get(supplier)
         if isinstance(outcome, SupplierQuote):
-            # Too little stock is a valid answer, not a failure: leave it out.
-            if outcome.stock >= request.quantity:
-                quotes.append(RankedQuote.for_quantity(outcome, request.quantity))
+            priced = pricing.price(outcome, need)
+            # No legal buy (too little stock) is a valid answer, not a failure: left out.
+            if isinstance(priced, RankedQuote):
+                quotes.append(priced)
+            elif priced is not None:
+                failures.append(priced)  # no_rate, or an amount past 2**53 - 1
         else:
             failures.append(outcome or Failure(supplier, TIMEOUT))
     quotes.sort(key=lambda quote: (quote.total_cents, quote.supplier))
@@ -580,4 +610,5 @@ def _rank(
         failures=tuple(failures),
         elapsed_ms=elapsed_ms,
         request_id=request_id,
+        currency=pricing.currency,
     )

@@ -1096,9 +1096,11 @@ class SupplierClient:
         sku = call.request.sku
         try:
             if state.adapter is None:
-                quote = decode_supplier_quote(body, supplier=supplier, sku=sku)
+                quote = decode_supplier_quote(
+                    body, supplier=supplier, sku=sku, currency=state.spec.currency
+                )
             else:
-                quote = _adapted(state.adapter, body, supplier, sku, call.asked)
+                quote = _adapted(state, body, sku, call.asked)
         except InvalidSupplierData:
             return _AttemptResult(None, INVALID_DATA, status=200)
         if cache_control is not None:
@@ -1146,7 +1148,13 @@ def _batch_answer(
             answer[line.sku] = Failure(supplier, NOT_FOUND)
             continue
         try:
-            answer[line.sku] = supplier_quote_from(entry, supplier=supplier, sku=line.sku)
+            answer[line.sku] = supplier_quote_from(
+                entry,
+                supplier=supplier,
+                sku=line.sku,
+                currency=state.spec.currency,
+                adapted=state.adapter is not None,
+            )
         except InvalidSupplierData:
             answer[line.sku] = invalid  # missing, malformed, or another SKU's
     return answer
@@ -1164,12 +1172,14 @@ def _batch_adapted(adapter: Adapter, body: bytes, supplier: str, call: _Call) ->
     }
 
 
-def _adapted(
-    adapter: Adapter, body: bytes, supplier: str, sku: str, asked: Asked | None
-) -> SupplierQuote:
+def _adapted(state: _SupplierState, body: bytes, sku: str, asked: Asked | None) -> SupplierQuote:
     """A foreign body through the catalogue's adapter, then the same strict checks as any."""
+    adapter, supplier = state.adapter, state.spec.name
+    assert adapter is not None
     mapped = _mapping_from(adapter, decode_supplier_json(body), asked, supplier)
-    return supplier_quote_from(dict(mapped), supplier=supplier, sku=sku)
+    return supplier_quote_from(
+        dict(mapped), supplier=supplier, sku=sku, currency=state.spec.currency, adapted=True
+    )
 
 
 def _mapping_from(

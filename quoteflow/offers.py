@@ -1,0 +1,185 @@
+"""Pricing an offer for one request: the legal buy, the line's amount, the conversion.
+
+A supplier's quote is kept as it gave it (``SupplierQuote``: the cache and
+coalescing share it as is); this module prices it for a need of ``n`` units in
+the answer's currency, per request, so a cached offer is priced at today's rate
+and two requests sharing one call each get their own quantity and currency.
+
+    legal buy   b ≥ n, b ≥ moq, b ≥ the first break, b a multiple of ``multiple``,
+                b ≤ stock; among the smallest legal b ≥ n and the smallest legal b
+                at or above each break, the least line amount (ties: the smaller b)
+    line        half_even(unit price of b's break × b)        the offer's minor units
+    converted   half_even(line × rate_to ÷ rate_from)         the answer's minor units
+                (shipping converted on its own the same way)
+
+Why those candidates are enough: between two break quantities the unit price is
+constant, so the amount only grows with b; the cheapest b of each stretch is
+its smallest legal one (``tests/test_offers.py`` holds this to a brute force over
+every b up to the stock). A later break whose price is not below the best found
+so far cannot win either (more units at no less each), so it is skipped unpriced.
+
+Rounding is ``money.half_even``'s alone. A quote in today's shape, in the
+answer's currency, takes a fast path that computes exactly what QuoteFlow
+always did (``unit_cents * n + shipping_cents``).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import attrs
+
+from quoteflow.fx import Rates
+from quoteflow.models import (
+    INVALID_DATA,
+    MAX_SUPPLIED_NUMBER,
+    NO_RATE,
+    Failure,
+    OfferTerms,
+    PriceBreak,
+    RankedQuote,
+    ShownOffer,
+    SupplierQuote,
+)
+from quoteflow.money import MICROS_PER_MINOR, half_even, minor_unit, text_of_micros, text_of_minor
+
+
+@attrs.frozen
+class Buy:
+    """The legal buy chosen for a need: how many, at which unit price, for what amount."""
+
+    units: int
+    micros: int
+    """The unit price in force for ``units`` (``money.MICROS`` per major unit)."""
+    amount: int
+    """``units`` × that price, rounded half-even to the offer currency's minor unit."""
+
+
+def legal_buy(need: int, stock: int, terms: OfferTerms) -> Buy | None:
+    """The cheapest legal buy of at least ``need`` units, or None when none is legal."""
+    multiple = terms.multiple
+    breaks = terms.breaks
+    count = len(breaks)
+    least = max(need, terms.moq, breaks[0].quantity)
+    units = -(-least // multiple) * multiple
+    if units > stock:
+        return None
+    scale = MICROS_PER_MINOR[terms.exponent]
+    at = 0
+    while at + 1 < count and breaks[at + 1].quantity <= units:
+        at += 1
+    best_units = units
+    best_micros = breaks[at].micros
+    best_amount = half_even(best_micros * units, scale)
+    for later in range(at + 1, count):
+        if breaks[later].micros >= best_micros:
+            continue  # no cheaper per unit, and more units: it cannot win
+        units = -(-breaks[later].quantity // multiple) * multiple
+        if units > stock:
+            break  # nor can any break after it be bought
+        at = later
+        while at + 1 < count and breaks[at + 1].quantity <= units:
+            at += 1
+        micros = breaks[at].micros
+        amount = half_even(micros * units, scale)
+        if amount < best_amount:
+            best_units, best_micros, best_amount = units, micros, amount
+    return Buy(best_units, best_micros, best_amount)
+
+
+def terms_of(quote: SupplierQuote, exponent: int) -> OfferTerms:
+    """The terms of a quote in today's shape: its unit price from one unit on."""
+    terms = quote.terms
+    if terms is not None:
+        return terms
+    unit_cents = quote.unit_cents
+    assert unit_cents is not None
+    micros = unit_cents * MICROS_PER_MINOR[exponent]
+    return OfferTerms(currency=None, breaks=(PriceBreak(1, micros),), exponent=exponent)
+
+
+@attrs.frozen
+class Pricing:
+    """What prices one request's quotes: its answer currency, the rates, the suppliers' own."""
+
+    currency: str
+    """The answer's currency."""
+    native: dict[str, str]
+    """Each supplier's default currency, for a quote that names none."""
+    rates: Rates | None = None
+    """None: no ``--fx-rates``; only quotes in the answer's currency are usable."""
+
+    def price(self, quote: SupplierQuote, need: int) -> RankedQuote | Failure | None:
+        """``quote`` priced for ``need`` units; None: no legal buy (too little stock).
+
+        A ``Failure``: ``no_rate`` (its currency has no fresh rate to the
+        answer's), or ``invalid_data`` (an amount past 2**53 - 1 minor units,
+        which no JSON reader keeps exact).
+        """
+        native = self.native.get(quote.supplier, self.currency)
+        terms = quote.terms
+        if terms is None and native == self.currency:
+            # Today's shape in the answer's currency: exactly what it always was.
+            if quote.stock < need:
+                return None
+            unit_cents = quote.unit_cents
+            assert unit_cents is not None
+            if unit_cents * need + quote.shipping_cents > MAX_SUPPLIED_NUMBER:
+                return Failure(quote.supplier, INVALID_DATA)
+            return RankedQuote.for_quantity(quote, need)
+        offered = native if terms is None or terms.currency is None else terms.currency
+        exponent = minor_unit(offered)
+        assert exponent is not None  # checked where the quote and the settings were read
+        if terms is None:
+            terms = terms_of(quote, exponent)
+        cross = None
+        if offered != self.currency:
+            cross = None if self.rates is None else self.rates.cross(offered, self.currency)
+            if cross is None:
+                return Failure(quote.supplier, NO_RATE)
+        buy = legal_buy(need, quote.stock, terms)
+        if buy is None:
+            return None
+        line, shipping = buy.amount, quote.shipping_cents
+        if line > MAX_SUPPLIED_NUMBER:
+            return Failure(quote.supplier, INVALID_DATA)
+        if cross is not None:
+            line, shipping = cross.convert(line), cross.convert(shipping)
+        total = line + shipping
+        if total > MAX_SUPPLIED_NUMBER:
+            return Failure(quote.supplier, INVALID_DATA)
+        scale = MICROS_PER_MINOR[exponent]
+        if cross is None and buy.units == need and buy.micros % scale == 0:
+            # Bought as asked, in the answer's currency, a whole number of minor
+            # units each: answered as today, ``total = unit_cents * n + shipping``.
+            return RankedQuote(
+                supplier=quote.supplier,
+                sku=quote.sku,
+                unit_cents=buy.micros // scale,
+                shipping_cents=shipping,
+                stock=quote.stock,
+                total_cents=total,
+                age_s=quote.age_s,
+            )
+        shown = ShownOffer(
+            currency=offered,
+            unit_price=text_of_micros(buy.micros),
+            shipping=text_of_minor(quote.shipping_cents, exponent),
+            rate=None if cross is None else cross.shown,
+            rate_date=None if cross is None or self.rates is None else self.rates.date,
+        )
+        return RankedQuote(
+            supplier=quote.supplier,
+            sku=quote.sku,
+            shipping_cents=shipping,
+            stock=quote.stock,
+            total_cents=total,
+            line_cents=line,
+            buy_quantity=None if buy.units == need else buy.units,
+            offer=shown,
+            age_s=quote.age_s,
+        )
+
+
+DEFAULT_CURRENCY: Final = "USD"
+"""The answer's currency, and every supplier's, when nothing says otherwise."""
