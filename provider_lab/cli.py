@@ -17,6 +17,8 @@ from provider_lab.app import create_app
 from provider_lab.catalogue import SUPPLIERS, NamesError, check_names, names_from_file
 from provider_lab.contracts import ContractError, parse_contract_spec
 from provider_lab.faults import MAX_LATENCY_MS, FaultError, parse_fault_spec
+from provider_lab.fx import FAULT_KINDS, FxFault, parse_rate_spec
+from provider_lab.fx import parse_fault_spec as parse_fx_fault
 from provider_lab.state import BATCH_MAX_ITEMS, MAX_BATCH_MAX_ITEMS, LabConfig
 from provider_lab.tokens import MAX_TTL, credential_ok
 
@@ -48,6 +50,20 @@ def _credential(text: str) -> str:
         # Never the value itself: it may be a secret.
         raise argparse.ArgumentTypeError("must be 1–256 printable characters")
     return text
+
+
+def _fx_rate(text: str) -> tuple[str, str]:
+    try:
+        return parse_rate_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _fx_fault(text: str) -> FxFault:
+    try:
+        return parse_fx_fault(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -154,6 +170,23 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"the most parts one batch-dialect call may ask for; more is a 413 "
         f"({BATCH_MAX_ITEMS})",
     )
+    parser.add_argument(
+        "--fx-rate",
+        type=_fx_rate,
+        action="append",
+        default=[],
+        metavar="CODE=RATE",
+        help="a rate of the feed at /fx/eurofxref-daily.xml, units per euro, e.g. USD=0.9000 "
+        "(repeatable; PUT /fx changes them)",
+    )
+    parser.add_argument(
+        "--fx-fault",
+        type=_fx_fault,
+        default=None,
+        metavar="KIND[:KEY=VALUE]",
+        help=f"the rates feed's fault from the start: {', '.join(FAULT_KINDS)} "
+        "(stale:days=N, malformed:variant=rate|truncated|no_time|html; PUT /fx changes it)",
+    )
     parser.add_argument("--access-log", action="store_true", help="log every request")
     parser.add_argument(
         "--log-level",
@@ -228,6 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         api_key=args.api_key,
         contracts=contracts,
         batch_max_items=args.batch_max_items,
+        fx_rates=tuple(args.fx_rate),
+        fx_fault=args.fx_fault,
     )
     try:
         asyncio.run(serve(config, args.host, args.port, access_log=args.access_log))

@@ -25,8 +25,8 @@ Served to loopback clients only (see :func:`provider_lab.app.loopback_only`).
                            the contracts refused, admitted requests per second, the
                            latency fault's draws (``?request_id=ID``: only those ids;
                            ``?summary=1``: none, and no draws)
-``POST /reset``            zero the statistics, the token endpoint's and the contracts'
-                           counts too (409 while requests are in flight)
+``POST /reset``            zero the statistics, the token endpoint's, the contracts' and
+                           the rates feed's counts too (409 while requests are in flight)
 ``GET /oauth2``            the token endpoint: client id, ``expires_in``, fault,
                            fetch counts, last parameters, live tokens (no secret)
 ``PUT /oauth2``            change any of ``client_id``, ``client_secret``,
@@ -35,14 +35,22 @@ Served to loopback clients only (see :func:`provider_lab.app.loopback_only`).
 ``DELETE /oauth2/tokens``  revoke every token issued (the next bearer call is 401)
 ``GET /api-key``           whether the ``path`` dialect has a key (never the key)
 ``PUT /api-key``           set it: ``{"value": "..."}`` (``null``: none, all refused)
+``GET /fx``                the rates feed: date, rates, fault, fetch counts
+``PUT /fx``                change any of ``rates`` (``{"USD": "0.9000"}``, null drops
+                           one), ``date`` (``"YYYY-MM-DD"``, null: today in Frankfurt),
+                           ``fault`` (null or ``{"kind": "stale" | "malformed" | "hang" |
+                           "entity_bomb" | "down" | "cut"}``)
+``DELETE /fx``             the default rates, today's date, no fault (counts stay)
 =========================  ==================================================
 
-``POST /oauth2/token`` itself, like the suppliers, serves anyone (:mod:`provider_lab.oauth2`).
+``POST /oauth2/token`` itself, like the suppliers, serves anyone (:mod:`provider_lab.oauth2`),
+and so does the rates feed, ``GET /fx/eurofxref-daily.xml`` (:mod:`provider_lab.fx`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import logging
 from collections.abc import Iterable
@@ -59,6 +67,8 @@ from provider_lab.faults import (
     KindSpec,
     fault_from_json,
 )
+from provider_lab.fx import fault_from_json as fx_fault_from_json
+from provider_lab.fx import rates_problems
 from provider_lab.state import STATE
 from provider_lab.tokens import MAX_TTL, credential_ok
 from provider_lab.tokens import fault_from_json as token_fault_from_json
@@ -285,7 +295,9 @@ async def stats(request: web.Request) -> web.Response:
     state = request.app[STATE]
     now = asyncio.get_running_loop().time()
     counts = state.stats.to_json(ids, draws=not summary)
-    return json_response(200, {**counts, **state.contracts.to_json(now)})
+    # Only once the feed was fetched since the reset: without it, the body is what it was.
+    fx = {"fx_fetches": state.fx.fetches} if state.fx.fetches else {}
+    return json_response(200, {**counts, **state.contracts.to_json(now), **fx})
 
 
 async def reset(request: web.Request) -> web.Response:
@@ -379,6 +391,67 @@ async def put_api_key(request: web.Request) -> web.Response:
     return json_response(200, {"set": value is not None})
 
 
+FX_SETTINGS = ("rates", "date", "fault")
+
+
+async def get_fx(request: web.Request) -> web.Response:
+    """The rates feed: the date it shows, its rates, its fault and how often it was fetched."""
+    return json_response(200, request.app[STATE].fx.to_json())
+
+
+async def put_fx(request: web.Request) -> web.Response:
+    """Change any of the feed's ``rates`` (merged; null drops one), ``date`` and ``fault``.
+
+    Every problem is listed at once (``422 invalid_fx``) and nothing changes; a fault stays
+    until changed, for every fetch.
+    """
+    data = await _json_body(request)
+    if not isinstance(data, dict):
+        raise _error(422, "invalid_fx", detail=["body: must be a JSON object"])
+    problems = [
+        f"{name}: not a setting ({', '.join(FX_SETTINGS)})"
+        for name in sorted(set(data) - set(FX_SETTINGS))
+    ]
+    if "rates" in data:
+        problems += rates_problems(data["rates"])
+    date = None
+    if data.get("date") is not None:
+        try:
+            date = datetime.date.fromisoformat(data["date"])
+        except (TypeError, ValueError):
+            problems.append('date: must be null or "YYYY-MM-DD"')
+    fault = None
+    if "fault" in data:
+        try:
+            fault = fx_fault_from_json(data["fault"])
+        except ValueError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise _error(422, "invalid_fx", detail=problems)
+    fx = request.app[STATE].fx
+    if "rates" in data:
+        fx.change_rates(data["rates"])
+    if "date" in data:
+        fx.date = date
+    if "fault" in data:
+        fx.fault = fault
+    logger.info(
+        "fx_set settings=%s fault=%s date=%s",
+        sorted(data),
+        fx.fault and fx.fault.to_json(),
+        fx.table_date(),
+    )
+    return json_response(200, fx.to_json())
+
+
+async def reset_fx(request: web.Request) -> web.Response:
+    """The feed's default rates, today's date and no fault; its counts stay."""
+    fx = request.app[STATE].fx
+    fx.defaults()
+    logger.info("fx_reset")
+    return json_response(200, fx.to_json())
+
+
 def add_routes(router: web.UrlDispatcher) -> None:
     """Register the control API on ``router``."""
     router.add_get("/kinds", kinds)
@@ -405,3 +478,6 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_delete("/oauth2/tokens", revoke_tokens)
     router.add_get("/api-key", get_api_key)
     router.add_put("/api-key", put_api_key)
+    router.add_get("/fx", get_fx)
+    router.add_put("/fx", put_fx)
+    router.add_delete("/fx", reset_fx)

@@ -72,6 +72,26 @@ class LabControl:
         """The key the ``path`` dialect wants (``None``: none, every key refused)."""
         await self._call("PUT", "/api-key", {"value": value})
 
+    async def fx(self) -> dict[str, Any]:
+        """``GET /fx``: the rates feed's date, rates, fault, ``fetches`` and ``answers``."""
+        result: dict[str, Any] = await self._call("GET", "/fx")
+        return result
+
+    async def set_fx(self, **settings: object) -> dict[str, Any]:
+        """``PUT /fx``: any of ``rates`` (``{"USD": "0.9000"}``, ``None`` drops one, merged),
+        ``date`` (``"YYYY-MM-DD"``, ``None``: today in Frankfurt) and ``fault`` (``None`` or
+        ``{"kind": "stale" | "malformed" | "hang" | "entity_bomb" | "down" | "cut"}``)."""
+        result: dict[str, Any] = await self._call("PUT", "/fx", settings)
+        return result
+
+    async def set_fx_fault(self, fault: Mapping[str, object] | None) -> None:
+        """The rates feed's fault until changed (``None``: none)."""
+        await self.set_fx(fault=None if fault is None else dict(fault))
+
+    async def reset_fx(self) -> None:
+        """``DELETE /fx``: the feed's default rates, today's date, no fault."""
+        await self._call("DELETE", "/fx")
+
     async def contracts(self) -> dict[str, dict[str, Any]]:
         """``GET /contracts``: every supplier's ``{"rate": ..., "concurrency": ...}``."""
         result: dict[str, dict[str, Any]] = await self._call("GET", "/contracts")
@@ -140,11 +160,12 @@ class LabControl:
             await asyncio.sleep(0.02)
 
     async def fresh(self) -> None:
-        """No faults (the token endpoint's too), no added latency, no Cache-Control, no
-        contracts, nothing in flight, statistics zeroed. Credentials, keys and issued tokens
-        stay as they are."""
+        """No faults (the token endpoint's and the rates feed's too, whose rates and date are
+        the defaults again), no added latency, no Cache-Control, no contracts, nothing in
+        flight, statistics zeroed. Credentials, keys and issued tokens stay as they are."""
         await self.clear_faults()
         await self.set_token_fault(None)
+        await self.reset_fx()
         await self.set_latency(0)
         await self._call("DELETE", "/cache-control")
         await self.clear_contracts()

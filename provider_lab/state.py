@@ -12,6 +12,7 @@ from aiohttp import web
 from provider_lab.catalogue import SUPPLIERS
 from provider_lab.contracts import Contract, ContractTable
 from provider_lab.faults import Fault, FaultTable
+from provider_lab.fx import FxFault, FxFeed
 from provider_lab.stats import RecentIds, Stats
 from provider_lab.tokens import TOKEN_LIMIT, TokenKeeper
 
@@ -49,6 +50,11 @@ class LabConfig:
     """Suppliers' contracts at start (a later one for the same supplier replaces it)."""
     batch_max_items: int = BATCH_MAX_ITEMS
     """The most parts one batch-dialect call may ask for (1–10 000); more is a ``413``."""
+    fx_rates: Sequence[tuple[str, str]] = ()
+    """Rates of the feed (``GET /fx/eurofxref-daily.xml``) changed at start, as
+    ``("USD", "0.9000")``."""
+    fx_fault: FxFault | None = None
+    """The feed's fault at start (``PUT /fx {"fault": ...}`` changes it)."""
 
 
 class LabState:
@@ -83,6 +89,9 @@ class LabState:
         for supplier, contract in config.contracts:
             # No rate was in force before: the level starts at 0 whatever the time.
             self.contracts.set(supplier, contract, 0.0)
+        self.fx = FxFeed(fault=config.fx_fault)
+        """The rates feed: its table, its fault, its fetch counts (:mod:`provider_lab.fx`)."""
+        self.fx.change_rates(dict(config.fx_rates))
 
     def latency_random(self, supplier: str) -> random.Random:
         """``supplier``'s own stream for the ``latency`` fault's lognormal draws.
@@ -107,13 +116,14 @@ class LabState:
         return names[(names.index(supplier) + 1) % len(names)]
 
     def reset(self) -> None:
-        """Zero the statistics (the token endpoint's and the contracts' too) and forget which
-        request ids were seen. Contracts, and what their rates have used, stay."""
+        """Zero the statistics (the token endpoint's, the contracts' and the rates feed's too)
+        and forget which request ids were seen. Contracts, and what their rates have used, stay."""
         self.stats.reset()
         self.contracts.zero()
         self.flaky_seen.clear()
         self.blip_seen.clear()
         self.tokens.zero()
+        self.fx.zero()
 
 
 STATE: Final = web.AppKey("provider_lab.state", LabState)
