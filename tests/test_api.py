@@ -26,13 +26,14 @@ async def test_result_has_the_contract_shape(start_quoteflow: StartQuoteFlow) ->
     assert set(result) == {
         "sku",
         "quantity",
+        "currency",
         "quotes",
         "failures",
         "best",
         "elapsed_ms",
         "request_id",
     }
-    assert (result["sku"], result["quantity"]) == ("KB-001", 2)
+    assert (result["sku"], result["quantity"], result["currency"]) == ("KB-001", 2, "USD")
     assert result["best"] == result["quotes"][0]
     assert result["best"] == {
         "supplier": "boreal",

@@ -306,7 +306,7 @@ def test_an_answer_without_the_cache_is_the_same_bytes() -> None:
     )
     tail = b'"failures":[{"supplier":"cedar","code":"timeout"}],'
     assert to_json(encode_result(result)) == (
-        b'{"sku":"KB-001","quantity":2,"quotes":[' + quote + b"}],"
+        b'{"sku":"KB-001","quantity":2,"currency":"USD","quotes":[' + quote + b"}],"
         + tail + b'"best":' + quote + b'},"elapsed_ms":1.5,"request_id":"r1"}'
     )  # fmt: skip
     with_age = to_json(encode_result(attrs.evolve(result, quotes=(aged,))))
