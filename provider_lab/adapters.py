@@ -9,14 +9,19 @@ A catalogue entry names one::
 
 QuoteFlow calls ``adapter(payload, asked)``: ``payload`` is the decoded JSON of
 a 200, ``asked`` what it asked for (``asked.supplier``, ``asked.sku``,
-``asked.quantity``). The adapter returns the supplier protocol's five keys —
-``supplier``, ``sku``, ``unit_cents``, ``shipping_cents``, ``stock``, the last
-three integers — or raises: whatever it raises is the supplier's data being
-unusable (QuoteFlow's ``invalid_data``).
+``asked.quantity``). The adapter returns the supplier protocol's offer — the
+five keys ``supplier``, ``sku``, ``unit_cents``, ``shipping_cents``, ``stock``
+as they always were, or an offer with the protocol's optional fields
+(``currency``; ``unit_price`` or ``breaks`` as decimal strings of major units
+instead of ``unit_cents``; ``shipping`` instead of ``shipping_cents``; ``moq``,
+``multiple``) — or raises: whatever it raises is the supplier's data being
+unusable (QuoteFlow's ``invalid_data``). An adapter passes the supplier's offer
+through, in its own currency and at its own prices: QuoteFlow picks the quantity
+it buys (breaks, MOQ, multiple) and converts the currency.
 
 The batch dialect's adapter, :func:`batch_dialect`, reads one call of many
 lines: ``asked`` is then a sequence of such objects, one per line of the call,
-and it returns a mapping from each SKU it could read to its five keys or to
+and it returns a mapping from each SKU it could read to its offer or to
 ``"not_found"``. A SKU it leaves out is that line's ``invalid_data`` alone; if
 it raises, every line of the call is ``invalid_data``. Its catalogue entry::
 
@@ -40,22 +45,18 @@ read them from theirs — so a drift between the two fails a test.
 
 from __future__ import annotations
 
-import decimal
-import functools
 import re
 from collections.abc import Iterable
-from decimal import Decimal
 from typing import Final, Protocol
 
-CURRENCY: Final = "EUR"
 MAX_MONEY_TEXT: Final = 30
-"""Longer decimal strings are refused: with at most 30 digits, cents are computed exactly."""
+"""Longer decimal strings are refused."""
+MAX_COUNT: Final = 1_000_000_000
+"""The largest ``moq`` and ``multiple`` an offer may carry."""
 
-_MONEY: Final = re.compile(r"[0-9]+(?:\.[0-9]+)?")
-# Exact or nothing: any rounding raises instead of passing a price off as another.
-_EXACT: Final = decimal.Context(
-    prec=2 * MAX_MONEY_TEXT, traps=[decimal.Inexact, decimal.Rounded, decimal.InvalidOperation]
-)
+_DECIMAL: Final = re.compile(r"(0|[1-9][0-9]*)(\.[0-9]{1,6})?")
+"""A decimal string of the offer protocol: no sign or exponent, at most six decimals."""
+_CURRENCY: Final = re.compile(r"[A-Z]{3}")
 
 
 class Asked(Protocol):
@@ -78,8 +79,8 @@ class AdapterError(ValueError):
     """The payload is not a usable quote for what was asked; the message names the field."""
 
 
-def json_dialect(payload: object, asked: Asked) -> dict[str, str | int]:
-    """The ``json`` dialect's price list as the quote for ``asked.quantity`` units.
+def json_dialect(payload: object, asked: Asked) -> dict[str, object]:
+    """The ``json`` dialect's price list as the supplier's offer, passed through.
 
     The payload::
 
@@ -88,53 +89,49 @@ def json_dialect(payload: object, asked: Asked) -> dict[str, str | int]:
                          {"minQuantity": 10, "unitPrice": "10.80"}, ...],
          "shipping": "3.00", "available": 20}
 
-    The unit price is that of the break with the largest ``minQuantity`` not
-    above the quantity asked. Money is a decimal string of euros, turned into
-    cents with :class:`~decimal.Decimal` (never a float); refused: a fraction of
-    a cent, a number instead of a string, a currency other than EUR, a
-    ``partNumber`` other than the SKU asked, a break repeated or malformed (each
-    break is checked, not only the one used), no break for the quantity, a stock
-    that is not a non-negative integer. Other keys are ignored.
+    The offer, in the supplier's own currency and its own decimal strings (QuoteFlow
+    picks the break for the quantity it buys, and converts the currency)::
 
-    It runs on every answer of the supplier, so it does one pass over the
-    breaks and converts each price string once per process (:func:`cents`).
+        {"supplier": "boreal", "sku": "KB-001", "currency": "EUR",
+         "breaks": [{"quantity": 1, "unit_price": "12.00"},
+                    {"quantity": 10, "unit_price": "10.80"}, ...],
+         "shipping": "3.00", "stock": 20}
+
+    The breaks are sorted by quantity; the currency is passed through as given (any
+    three upper-case letters: whether QuoteFlow knows it is QuoteFlow's to say). Refused:
+    a currency that is not such a code, a ``partNumber`` other than the SKU asked, no
+    breaks, a break repeated or malformed, a price that is not a plain decimal string of
+    at most six decimals (a JSON number, a sign, an exponent, spaces, ``NaN``), a stock
+    that is not a non-negative integer. Sub-cent prices are fine (``"0.0034"``). Other
+    keys are ignored.
     """
     if type(payload) is not dict:
         raise AdapterError("payload: not a JSON object")
     sku = asked.sku
     if type(sku) is not str or payload.get("partNumber") != sku:
         raise AdapterError("partNumber: not the SKU asked")
-    if payload.get("currency") != CURRENCY:
-        raise AdapterError(f"currency: not {CURRENCY}")
-    quantity = asked.quantity
-    if type(quantity) is not int or quantity < 1:
-        raise AdapterError("asked.quantity: not a positive integer")
+    currency = payload.get("currency")
+    if type(currency) is not str or not _CURRENCY.fullmatch(currency):
+        raise AdapterError("currency: not a three-letter upper-case code")
     breaks = payload.get("priceBreaks")
     if type(breaks) is not list or not breaks:
         raise AdapterError("priceBreaks: not a non-empty list")
-    seen: set[int] = set()
-    best = unit_cents = 0
+    read: dict[int, str] = {}
     for index, entry in enumerate(breaks):
         if type(entry) is not dict:
             raise AdapterError(f"priceBreaks[{index}]: not an object")
         least = entry.get("minQuantity")
         if type(least) is not int or least < 1:
             raise AdapterError(f"priceBreaks[{index}].minQuantity: not a positive integer")
-        if least in seen:
+        if least in read:
             raise AdapterError(f"priceBreaks[{index}].minQuantity: {least} is repeated")
-        seen.add(least)
-        price = _cents(entry.get("unitPrice"))
-        if price is None:
-            cents(entry.get("unitPrice"), f"priceBreaks[{index}].unitPrice")  # raises, naming why
-        elif best < least <= quantity:
-            best, unit_cents = least, price
-    if not best:
-        raise AdapterError(f"priceBreaks: none for a quantity of {quantity}")
+        read[least] = decimal_text(entry.get("unitPrice"), f"priceBreaks[{index}].unitPrice")
     return {
         "supplier": asked.supplier,
         "sku": sku,
-        "unit_cents": unit_cents,
-        "shipping_cents": cents(payload.get("shipping"), "shipping"),
+        "currency": currency,
+        "breaks": [{"quantity": least, "unit_price": read[least]} for least in sorted(read)],
+        "shipping": decimal_text(payload.get("shipping"), "shipping"),
         "stock": _count(payload.get("available"), "available"),
     }
 
@@ -172,12 +169,19 @@ def path_dialect(payload: object, asked: Asked) -> dict[str, str | int]:
 NOT_FOUND: Final = "not_found"
 """What :func:`batch_dialect` maps a SKU to when the supplier said it has no such part."""
 OFFER_KEYS: Final = ("unitCents", "shippingCents", "stock")
+"""A batch offer as it always was: the unit price for the line's quantity, in cents."""
+PRICE_LIST_KEYS: Final = frozenset(
+    {"unitCents", "breaks", "shippingCents", "shipping", "stock", "currency", "moq", "multiple"}
+)
+"""What a batch offer may carry besides: its currency, an order's minimum and multiple,
+all-units price breaks, shipping as a decimal string."""
+_BREAK_KEYS: Final = frozenset({"quantity", "unitPrice"})
 _OFFERED: Final = frozenset({"mpn", "qty", "offer"})
 _REFUSED: Final = frozenset({"mpn", "qty", "error"})
 _ERROR_KEYS: Final = frozenset({"code", "message"})
 
-BatchResult = dict[str, str | int] | str
-"""One line's result: the protocol's five keys, or :data:`NOT_FOUND`."""
+BatchResult = dict[str, object] | str
+"""One line's result: the protocol's offer, or :data:`NOT_FOUND`."""
 
 
 def batch_dialect(payload: object, asked: Iterable[Asked]) -> dict[str, BatchResult]:
@@ -188,20 +192,33 @@ def batch_dialect(payload: object, asked: Iterable[Asked]) -> dict[str, BatchRes
         {"results": [
             {"mpn": "KB-001", "qty": 10,
              "offer": {"unitCents": 1080, "shippingCents": 300, "stock": 20}},
+            {"mpn": "RES-0402-1K", "qty": 7,
+             "offer": {"currency": "USD", "moq": 10, "multiple": 10,
+                       "breaks": [{"quantity": 1, "unitPrice": "0.0100"},
+                                  {"quantity": 100, "unitPrice": "0.0060"}],
+                       "shipping": "4.00", "stock": 50000}},
             {"mpn": "NOPE", "qty": 1,
              "error": {"code": "not_found", "message": "atlas has no part NOPE"}}]}
 
     ``asked`` holds one object per line of the call (``supplier``, ``sku``,
     ``quantity``). Entries are matched to lines by ``mpn``, never by position,
-    so results in any order are read alike. An entry becomes the five keys
+    so results in any order are read alike. An offer of exactly ``unitCents``,
+    ``shippingCents`` and ``stock`` becomes the five keys as it always did
     (``unitCents`` → ``unit_cents``, ``shippingCents`` → ``shipping_cents``,
-    ``stock`` → ``stock``), or ``"not_found"`` for the error code
-    ``not_found``. Left out of the mapping (QuoteFlow: that line's
-    ``invalid_data``): a line no entry answers, an entry whose ``qty`` is not
-    the line's quantity (its price would be another break's), any key more or
-    less than the shapes above, a number that is not a non-negative integer
-    (``true``, ``1080.0`` and ``"1080"`` included), another error code, and a
-    part answered twice. An entry for a part not asked is ignored.
+    ``stock`` → ``stock``). A price list — any of :data:`PRICE_LIST_KEYS`, with
+    ``stock``, exactly one of ``unitCents`` and ``breaks``, exactly one of
+    ``shippingCents`` and ``shipping`` — becomes the protocol's offer:
+    ``currency``, ``moq`` and ``multiple`` as given, ``breaks`` → ``breaks``
+    (``[{"quantity", "unit_price"}]``, sorted by quantity), ``shipping`` →
+    ``shipping``. The error code ``not_found`` becomes ``"not_found"``. Left out
+    of the mapping (QuoteFlow: that line's ``invalid_data``): a line no entry
+    answers, an entry whose ``qty`` is not the line's quantity (its price would
+    be another break's), any key more or less than the shapes above, a count that
+    is not a non-negative integer (``true``, ``1080.0`` and ``"1080"`` included),
+    a ``moq`` or ``multiple`` not in 1–10**9, a currency not three upper-case
+    letters, a price not a plain decimal string of at most six decimals, a break
+    quantity repeated, another error code, and a part answered twice. An entry
+    for a part not asked is ignored.
 
     Raises :class:`AdapterError` (every line of the call ``invalid_data``) if the
     payload is not exactly ``{"results": [...]}``, or if a SKU is asked twice or
@@ -244,18 +261,20 @@ def _batch_entry(entry: dict[str, object], line: Asked) -> BatchResult | None:
     keys = entry.keys()
     if keys == _OFFERED:
         offer = entry["offer"]
-        if type(offer) is not dict or offer.keys() != set(OFFER_KEYS):
+        if type(offer) is not dict:
             return None
-        unit, shipping, stock = (offer[key] for key in OFFER_KEYS)
-        if not all(type(value) is int and value >= 0 for value in (unit, shipping, stock)):
-            return None
-        return {
-            "supplier": line.supplier,
-            "sku": line.sku,
-            "unit_cents": unit,
-            "shipping_cents": shipping,
-            "stock": stock,
-        }
+        if offer.keys() == set(OFFER_KEYS):
+            unit, shipping, stock = (offer[key] for key in OFFER_KEYS)
+            if not all(type(value) is int and value >= 0 for value in (unit, shipping, stock)):
+                return None
+            return {
+                "supplier": line.supplier,
+                "sku": line.sku,
+                "unit_cents": unit,
+                "shipping_cents": shipping,
+                "stock": stock,
+            }
+        return _price_list(offer, line)
     if keys == _REFUSED:
         error = entry["error"]
         if (
@@ -268,35 +287,68 @@ def _batch_entry(entry: dict[str, object], line: Asked) -> BatchResult | None:
     return None
 
 
-def cents(value: object, field: str) -> int:
-    """A decimal string of euros (``"10.80"``) as whole cents (1080), exactly.
-
-    Only plain decimals: ASCII digits, an optional point and more digits; no
-    sign, exponent, spaces or underscores (all of which :class:`Decimal` would
-    accept), at most ``MAX_MONEY_TEXT`` characters. ``AdapterError`` naming
-    ``field`` if the value is not one, or holds a fraction of a cent.
-    """
-    amount = _cents(value)
-    if amount is not None:
-        return amount
-    if type(value) is not str or len(value) > MAX_MONEY_TEXT or not _MONEY.fullmatch(value):
-        raise AdapterError(f"{field}: not a decimal string of euros")
-    raise AdapterError(f"{field}: a fraction of a cent")
-
-
-def _cents(value: object) -> int | None:
-    """:func:`cents`, or ``None`` for anything it refuses."""
-    return _text_cents(value) if type(value) is str else None
-
-
-@functools.lru_cache(maxsize=4096)
-def _text_cents(text: str) -> int | None:
-    # Memoised: a supplier sends the same few price strings on every answer, and
-    # the result depends on the text alone, so the adapter stays a pure function.
-    if len(text) > MAX_MONEY_TEXT or not _MONEY.fullmatch(text):
+def _price_list(offer: dict[str, object], line: Asked) -> dict[str, object] | None:
+    """A batch offer with any of :data:`PRICE_LIST_KEYS` as the protocol's offer, or ``None``."""
+    if not offer.keys() <= PRICE_LIST_KEYS or "stock" not in offer:
         return None
-    whole, denominator = _EXACT.multiply(Decimal(text), 100).as_integer_ratio()
-    return whole if denominator == 1 else None
+    if ("unitCents" in offer) == ("breaks" in offer):
+        return None  # exactly one unit price
+    if ("shippingCents" in offer) == ("shipping" in offer):
+        return None  # exactly one shipping
+    read: dict[str, object] = {"supplier": line.supplier, "sku": line.sku}
+    currency = offer.get("currency")
+    if currency is not None:
+        if type(currency) is not str or not _CURRENCY.fullmatch(currency):
+            return None
+        read["currency"] = currency
+    try:
+        if "breaks" in offer:
+            read["breaks"] = _breaks(offer["breaks"])
+        else:
+            read["unit_cents"] = _count(offer["unitCents"], "unitCents")
+        if "shipping" in offer:
+            read["shipping"] = decimal_text(offer["shipping"], "shipping")
+        else:
+            read["shipping_cents"] = _count(offer["shippingCents"], "shippingCents")
+        read["stock"] = _count(offer["stock"], "stock")
+        for key in ("moq", "multiple"):
+            if key in offer:
+                value = offer[key]
+                if type(value) is not int or not 1 <= value <= MAX_COUNT:
+                    return None
+                read[key] = value
+    except AdapterError:
+        return None
+    return read
+
+
+def _breaks(value: object) -> list[dict[str, object]]:
+    """A batch offer's ``breaks`` as the protocol's, sorted by quantity; ``AdapterError`` if
+    not a non-empty list of ``{"quantity": N, "unitPrice": "..."}``, each quantity once."""
+    if type(value) is not list or not value:
+        raise AdapterError("breaks: not a non-empty list")
+    read: dict[int, str] = {}
+    for index, entry in enumerate(value):
+        if type(entry) is not dict or entry.keys() != _BREAK_KEYS:
+            raise AdapterError(f"breaks[{index}]: not {{quantity, unitPrice}}")
+        quantity = entry["quantity"]
+        if type(quantity) is not int or not 1 <= quantity <= MAX_COUNT or quantity in read:
+            raise AdapterError(f"breaks[{index}].quantity: not a positive integer, once")
+        read[quantity] = decimal_text(entry["unitPrice"], f"breaks[{index}].unitPrice")
+    return [{"quantity": quantity, "unit_price": read[quantity]} for quantity in sorted(read)]
+
+
+def decimal_text(value: object, field: str) -> str:
+    """``value`` if it is a plain decimal string of the offer protocol, else ``AdapterError``.
+
+    ``^(0|[1-9][0-9]*)(\\.[0-9]{1,6})?$`` and at most ``MAX_MONEY_TEXT`` characters: ASCII
+    digits, no leading zero, at most six decimals; no sign, exponent, spaces, underscores
+    or commas (all of which :class:`~decimal.Decimal` or a float would accept), and never a
+    JSON number, whose reading through a float could change it.
+    """
+    if type(value) is not str or len(value) > MAX_MONEY_TEXT or not _DECIMAL.fullmatch(value):
+        raise AdapterError(f"{field}: not a decimal string (at most 6 decimals)")
+    return value
 
 
 def _count(value: object, field: str) -> int:

@@ -17,13 +17,13 @@ import socket
 import struct
 import zlib
 from collections.abc import Mapping
-from typing import Final, Literal, Protocol
+from typing import ClassVar, Final, Literal, Protocol
 
 import attrs
 from aiohttp import web
 
-from provider_lab.catalogue import Offer, lookup
-from provider_lab.faults import SPECS, AnyKind, Fault, Kind
+from provider_lab.catalogue import Offer, PriceList, lookup, price_list
+from provider_lab.faults import EXTRA_KEY, EXTRA_VALUE, SPECS, AnyKind, Fault, Kind
 from provider_lab.state import LabState
 
 logger = logging.getLogger(__name__)
@@ -84,11 +84,17 @@ class Call:
     request_id: str | None
     deadline: float | None  # loop time after which the caller has given up, if it said so
 
+    lists_prices: ClassVar[bool] = True
+    """Whether the dialect answers the parts of ``catalogue.PRICE_LISTS`` (else a 404)."""
+
     def quote(self) -> Quote | None:
         """This request's good answer; ``None``: the supplier does not sell the SKU (the 404,
         whatever the fault or scenario)."""
         offer = lookup(self.supplier, self.sku)
-        return None if offer is None else Offered(self, offer)
+        if offer is not None:
+            return Offered(self, offer)
+        listed = price_list(self.supplier, self.sku) if self.lists_prices else None
+        return None if listed is None else Listed(self, listed)
 
     def batch_size(self) -> int | None:
         """How many parts the request asks for in one call: ``None`` but in the batch dialect."""
@@ -147,6 +153,70 @@ class Offered:
     def changed(self, fault: Fault) -> bytes:
         """The classic five keys, changed as ``fault`` says, whatever the dialect."""
         return changed_quote(self.call, fault, self.offer)
+
+
+@attrs.frozen
+class Listed:
+    """The classic dialect's good answer for a part of ``catalogue.PRICE_LISTS``: the offer
+    protocol's own fields (:func:`listed_body`). Faults that change a field, and the
+    ``malformed`` scenario, spoil the five classic keys nearest it (``PriceList.classic``)."""
+
+    call: Call
+    listed: PriceList
+
+    def ok(self) -> web.Response:
+        """The 200."""
+        return web.Response(body=self.body(), content_type=JSON)
+
+    def body(self) -> bytes:
+        """The 200's bytes."""
+        return listed_body(self.call.supplier, self.call.sku, self.listed)
+
+    def malformed(self) -> bytes:
+        """The ``malformed`` scenario's body: ``unit_cents`` as a string."""
+        return self.call.malformed(self.listed.classic())
+
+    def changed(self, fault: Fault) -> bytes:
+        """The classic five keys, changed as ``fault`` says."""
+        return changed_quote(self.call, fault, self.listed.classic())
+
+
+@functools.lru_cache(maxsize=256)
+def listed_body(supplier: str, sku: str, listed: PriceList) -> bytes:
+    """A price list in the offer protocol's fields::
+
+        {"supplier": "atlas", "sku": "RES-0402-1K", "currency": "USD",
+         "breaks": [{"quantity": 1, "unit_price": "0.0100"}, ...],
+         "shipping": "4.00", "stock": 50000, "moq": 10, "multiple": 10}
+
+    ``unit_price`` instead of ``breaks`` for a single price, ``shipping_cents`` (an
+    integer) instead of ``shipping`` where the supplier states it in minor units.
+    """
+    if listed.single:
+        price: tuple[str, str] = ("unit_price", json.dumps(listed.breaks[0][1]))
+    else:
+        breaks = ", ".join(
+            render([("quantity", str(least)), ("unit_price", json.dumps(unit))]).decode()
+            for least, unit in listed.breaks
+        )
+        price = ("breaks", f"[{breaks}]")
+    shipping = (
+        ("shipping_cents", str(listed.shipping))
+        if isinstance(listed.shipping, int)
+        else ("shipping", json.dumps(listed.shipping))
+    )
+    return render(
+        [
+            ("supplier", json.dumps(supplier)),
+            ("sku", json.dumps(sku)),
+            ("currency", json.dumps(listed.currency)),
+            price,
+            shipping,
+            ("stock", str(listed.stock)),
+            ("moq", str(listed.moq)),
+            ("multiple", str(listed.multiple)),
+        ]
+    )
 
 
 def quote_pairs(supplier: str, sku: str, offer: Offer) -> Pairs:
@@ -272,7 +342,8 @@ def changed_quote(call: Call, fault: Fault, offer: Offer) -> bytes:
             field = fault.str_param("field")
             values[field] = str(-(abs(int(values[field])) or 1))
         case Kind.EXTRA_KEY:
-            values["currency"] = json.dumps("EUR")
+            # Not "currency": the offer protocol has one now, and this key must be unknown.
+            values[EXTRA_KEY] = json.dumps(EXTRA_VALUE)
         case Kind.MISSING_KEY:
             del values[fault.str_param("field")]
         case Kind.DUPLICATE_KEY:

@@ -12,6 +12,15 @@ them; ``CB-404`` stays out of stock for everyone.
 
 The foreign dialects (:mod:`provider_lab.dialects`) price by quantity from the
 same offers: ``price_breaks`` derives 10+ and 100+ prices from the unit price.
+
+Parts sold as distributors really sell passives are in :data:`PRICE_LISTS`, not
+:data:`CATALOGUE`: a reel-packed range of 0402 resistors (``RES-0402-*``) at
+sub-cent prices with a minimum order, an order multiple and all-units price
+breaks, in USD and (boreal) EUR, and ``CAP-BULK-1``, whose 100+ break makes 100
+cheaper than 90. Only atlas, boreal and cedar sell them, answering in the
+offer protocol's own fields at ``/quotes/{supplier}`` and in the batch
+dialect's price-list offer; the ``json`` and ``path`` dialects do not list them
+(404).
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import re
 import tomllib
 import zlib
 from collections.abc import Mapping
+from decimal import ROUND_CEILING, Decimal
 from typing import Final
 
 import attrs
@@ -86,6 +96,95 @@ CATALOGUE: Final[Mapping[str, Mapping[str, Offer]]] = {
         "cedar": Offer(unit_cents=250, shipping_cents=150, stock=0),
     },
 }
+
+
+@attrs.frozen
+class PriceList:
+    """One supplier's offer for one part as distributors quote passives: the offer protocol's
+    optional fields (``currency``, ``moq``, ``multiple``, ``breaks`` or ``unit_price``,
+    ``shipping`` or ``shipping_cents``) with its stock."""
+
+    currency: str
+    breaks: tuple[tuple[int, str], ...]
+    """``(quantity, unit price)`` from that many units, all-units, quantities rising; the
+    price a decimal string of major units (``"0.0034"``)."""
+    shipping: str | int
+    """A decimal string of major units (``"4.00"``), or minor units (``shipping_cents``)."""
+    stock: int
+    moq: int = 1
+    multiple: int = 1
+    single: bool = False
+    """One price from 1 unit, answered as ``unit_price`` (``breaks`` holds it at 1)."""
+
+    def classic(self) -> Offer:
+        """The five classic keys' values nearest this offer: what a fault that spoils a
+        field starts from (the unit price is the first break's, rounded up to a cent)."""
+        cents = Decimal(self.breaks[0][1]) * 100
+        shipping = self.shipping if isinstance(self.shipping, int) else Decimal(self.shipping)
+        return Offer(
+            unit_cents=int(cents.to_integral_value(ROUND_CEILING)),
+            shipping_cents=shipping if isinstance(shipping, int) else int(shipping * 100),
+            stock=self.stock,
+        )
+
+
+def _reel(
+    currency: str,
+    breaks: tuple[tuple[int, str], ...],
+    shipping: str | int,
+    stock: int,
+    moq: int = 1,
+    multiple: int = 1,
+) -> PriceList:
+    return PriceList(currency, breaks, shipping, stock, moq, multiple)
+
+
+CUT_TAPE_10: Final = ((1, "0.0100"), (100, "0.0060"), (1000, "0.0034"))
+"""Atlas's 0402 prices: 1 cent each, 0.6 from 100, 0.34 from 1000 (bought in tens)."""
+
+PRICE_LISTS: Final[Mapping[str, Mapping[str, PriceList]]] = {
+    # 0402 resistors. atlas: moq 10, multiple 10 (a need of 7 is bought as 10), USD;
+    # boreal: EUR; cedar: cut tape from 1 unit, or a reel of 5000.
+    "RES-0402-1K": {
+        "atlas": _reel("USD", CUT_TAPE_10, "4.00", 50_000, moq=10, multiple=10),
+        "boreal": _reel("EUR", ((5000, "0.0021"),), "6.50", 200_000, moq=5000, multiple=5000),
+        "cedar": _reel("USD", ((1, "0.0200"), (10, "0.0120"), (100, "0.0075")), "2.50", 3_000),
+    },
+    "RES-0402-10K": {
+        "atlas": _reel(
+            "USD", ((1, "0.0100"), (100, "0.0058"), (1000, "0.0033")), "4.00", 40_000, 10, 10
+        ),
+        "boreal": _reel(
+            "EUR", ((10, "0.0095"), (100, "0.0052"), (1000, "0.0030")), "3.00", 80_000, 10, 10
+        ),
+        "cedar": _reel("USD", ((5000, "0.0019"),), 500, 100_000, moq=5000, multiple=5000),
+    },
+    "RES-0402-100K": {
+        "atlas": _reel(
+            "USD", ((1, "0.0110"), (100, "0.0062"), (1000, "0.0036")), "4.00", 25_000, 10, 10
+        ),
+        "boreal": PriceList("EUR", ((1, "0.0041"),), "3.00", 60_000, 100, 100, single=True),
+        "cedar": _reel("USD", ((1, "0.0180"), (50, "0.0090")), "2.50", 500),
+    },
+    # boreal does not sell this one (404).
+    "RES-0402-4K7": {
+        "atlas": _reel("USD", CUT_TAPE_10, "4.00", 30_000, moq=10, multiple=10),
+        "cedar": _reel("USD", ((5000, "0.0020"),), "5.00", 50_000, moq=5000, multiple=5000),
+    },
+    # Bulk capacitors: at atlas 90 cost 450.00 but 100 cost 400.00 (the 100+ break);
+    # cedar's one price, 4.60, is between. boreal does not sell them (404).
+    "CAP-BULK-1": {
+        "atlas": _reel("USD", ((1, "5.00"), (100, "4.00")), "0.00", 500),
+        "cedar": PriceList("USD", ((1, "4.60"),), 300, 1_000, single=True),
+    },
+}
+"""Parts quoted in the offer protocol's fields, by SKU and supplier (atlas, boreal, cedar)."""
+
+
+def price_list(supplier: str, sku: str) -> PriceList | None:
+    """``supplier``'s price list for ``sku`` (:data:`PRICE_LISTS`), or ``None``."""
+    offers = PRICE_LISTS.get(sku)
+    return None if offers is None else offers.get(supplier)
 
 
 def lookup(supplier: str, sku: str) -> Offer | None:

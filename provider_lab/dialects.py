@@ -29,6 +29,18 @@
                      {"mpn": "NOPE", "qty": 1,
                       "error": {"code": "not_found", "message": "atlas has no part NOPE"}}]}
 
+    A part of ``catalogue.PRICE_LISTS`` (the ``RES-0402-*`` reels, ``CAP-BULK-1``)
+    is offered as its price list rather than priced for the quantity::
+
+        {"mpn": "RES-0402-1K", "qty": 7,
+         "offer": {"currency": "USD", "moq": 10, "multiple": 10,
+                   "breaks": [{"quantity": 1, "unitPrice": "0.0100"}, ...],
+                   "shipping": "4.00", "stock": 50000}}
+
+    (``shippingCents``, an integer, instead of ``shipping`` where the supplier
+    states it in cents). The ``json`` and ``path`` dialects do not list those parts
+    (404).
+
 Each dialect reads (supplier, SKU, quantity, scenario) its own way — a request
 it cannot read is a ``400 bad_request`` that ``/stats`` does not count, as the
 classic dialect's 400s — checks its own credentials once the request is
@@ -47,7 +59,7 @@ import hmac
 import json
 import re
 from collections.abc import Callable
-from typing import Final
+from typing import ClassVar, Final
 from urllib.parse import unquote_to_bytes
 
 import attrs
@@ -55,8 +67,8 @@ from aiohttp import web
 
 from provider_lab import answers
 from provider_lab.answers import JSON, Call, Pairs, json_response, render
-from provider_lab.catalogue import Offer, break_price, lookup, price_breaks
-from provider_lab.faults import BatchKind, Fault, Kind
+from provider_lab.catalogue import Offer, PriceList, break_price, lookup, price_breaks, price_list
+from provider_lab.faults import EXTRA_KEY, EXTRA_VALUE, BatchKind, Fault, Kind
 from provider_lab.handlers import Refusal, deadline, serve
 from provider_lab.state import SCENARIOS, STATE
 
@@ -91,6 +103,7 @@ class JsonCall(Call):
     """A ``json``-dialect request: its quantity, and its answers in that dialect's shape."""
 
     quantity: int
+    lists_prices: ClassVar[bool] = False
 
     def ok(self, offer: Offer) -> web.Response:
         """The 200: every price break, money as decimal strings."""
@@ -218,6 +231,7 @@ class PathCall(Call):
     """A ``path``-dialect request: its quantity, and its answers in that dialect's shape."""
 
     quantity: int
+    lists_prices: ClassVar[bool] = False
 
     def ok(self, offer: Offer) -> web.Response:
         """The 200: the unit price for this quantity, in cents."""
@@ -359,7 +373,11 @@ class BatchCall(Call):
 
     def quote(self) -> Results:
         """Every part's result: a batch call always has an answer, an unknown part an entry."""
-        return Results(self, tuple(lookup(self.supplier, part.mpn) for part in self.parts))
+        return Results(self, tuple(self._offer(part.mpn) for part in self.parts))
+
+    def _offer(self, mpn: str) -> Offer | PriceList | None:
+        offer = lookup(self.supplier, mpn)
+        return price_list(self.supplier, mpn) if offer is None else offer
 
     def batch_size(self) -> int:
         """How many parts the call asks for."""
@@ -387,7 +405,7 @@ class Results:
     """
 
     call: BatchCall
-    offers: tuple[Offer | None, ...]
+    offers: tuple[Offer | PriceList | None, ...]
     """Each part's offer, in the parts' order; ``None``: the supplier does not sell it."""
 
     def ok(self) -> web.Response:
@@ -440,6 +458,10 @@ class Results:
         if offer is None:
             message = json.dumps(f"{self.call.supplier} has no part {part.mpn}")
             return [*head, ("error", _text([("code", error_code), ("message", message)]))]
+        if isinstance(offer, PriceList):
+            if spoil is None:
+                return [*head, ("offer", _listed_offer(offer))]
+            offer = offer.classic()  # a spoiled price list: the classic offer nearest it
         priced: Pairs = [
             ("unitCents", str(break_price(offer, part.qty))),
             ("shippingCents", str(offer.shipping_cents)),
@@ -449,6 +471,32 @@ class Results:
             return [*head, ("offer", _text(priced))]
         head, spoiled = spoil(head, priced)
         return head if spoiled is None else [*head, ("offer", _text(spoiled))]
+
+
+@functools.lru_cache(maxsize=256)
+def _listed_offer(listed: PriceList) -> str:
+    """A price list as a batch offer: ``{"currency", "moq", "multiple", "breaks":
+    [{"quantity", "unitPrice"}], "shipping" | "shippingCents", "stock"}`` (a single price is
+    one break from 1)."""
+    breaks = ", ".join(
+        _text([("quantity", str(least)), ("unitPrice", json.dumps(unit))])
+        for least, unit in listed.breaks
+    )
+    shipping = (
+        ("shippingCents", str(listed.shipping))
+        if isinstance(listed.shipping, int)
+        else ("shipping", json.dumps(listed.shipping))
+    )
+    return _text(
+        [
+            ("currency", json.dumps(listed.currency)),
+            ("moq", str(listed.moq)),
+            ("multiple", str(listed.multiple)),
+            ("breaks", f"[{breaks}]"),
+            shipping,
+            ("stock", str(listed.stock)),
+        ]
+    )
 
 
 def _text(pairs: Pairs) -> str:
@@ -476,7 +524,7 @@ def _spoiler(fault: Fault, other: str) -> Spoil:
                 key = _OFFER_KEYS[fault.str_param("field")]
                 values[key] = str(-(abs(int(values[key])) or 1))
             case Kind.EXTRA_KEY:
-                values["currency"] = json.dumps(CURRENCY)
+                values[EXTRA_KEY] = json.dumps(EXTRA_VALUE)
             case Kind.DUPLICATE_KEY:
                 return head, [*offer, (_OFFER_KEYS[fault.str_param("field")], "1")]
             case Kind.MISSING_KEY:

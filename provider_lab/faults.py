@@ -35,6 +35,9 @@ from provider_lab.catalogue import SUPPLIERS
 QUOTE_KEYS: Final = ("supplier", "sku", "unit_cents", "shipping_cents", "stock")
 INT_KEYS: Final = ("unit_cents", "shipping_cents", "stock")
 MIB: Final = 1024 * 1024
+EXTRA_KEY: Final = "warehouse"
+EXTRA_VALUE: Final = "FRA-2"
+"""What ``extra_key`` adds: a key no protocol knows (``currency`` is an offer's field now)."""
 MAX_LATENCY_MS: Final = 600_000
 """The longest delay the lab keeps an answer back: a latency, a fault's ``ms``, or any one
 lognormal draw of the ``latency`` fault."""
@@ -211,7 +214,7 @@ SPECS: Final[Mapping[Kind, KindSpec]] = {
         "200 with one money or stock field negative",
         {"field": Param(str, "unit_cents", "which field", choices=INT_KEYS)},
     ),
-    Kind.EXTRA_KEY: KindSpec('200 with an extra key "currency": "EUR"'),
+    Kind.EXTRA_KEY: KindSpec('200 with an extra key "warehouse": "FRA-2"'),
     Kind.MISSING_KEY: KindSpec(
         "200 without one key",
         {"field": Param(str, "stock", "which key is left out", choices=QUOTE_KEYS)},

@@ -21,7 +21,8 @@ currency, :data:`DEFAULT_RATES` unless changed. The control API (loopback only,
 fault that lasts until changed (:data:`FAULT_KINDS`). Every fetch is counted
 (``GET /fx``'s ``fetches``; ``/stats``'s ``fx_fetches`` once there was one).
 
-This module is plain data and the feed's handler; nothing here is simulated:
+This module is plain data and the feed's handler (importing nothing else of the lab);
+nothing here is simulated:
 ``cut`` really sends part of the promised ``Content-Length`` and closes,
 ``hang`` really holds the connection until the client gives up, or the lab
 stops (its ``on_shutdown`` lets go, so no handler outlives it).
@@ -40,13 +41,13 @@ from typing import Final, Literal
 import attrs
 from aiohttp import web
 
-from provider_lab import answers
-
 logger = logging.getLogger(__name__)
 
 FEED_PATH: Final = "/fx/eurofxref-daily.xml"
 """Where the feed is served; exactly this path is public, anything else under ``/fx`` is not."""
 XML: Final = "text/xml"
+POLL_S: Final = 0.02
+"""How often a ``hang`` looks whether its client left or the lab is stopping."""
 
 DEFAULT_RATES: Final[tuple[tuple[str, str], ...]] = (
     ("USD", "1.0850"),
@@ -346,13 +347,14 @@ async def _hang(request: web.Request, fx: FxFeed) -> web.StreamResponse:
     the lab's own ``on_shutdown`` (:func:`stopping`) is what ends a hang when it stops.
     """
     while True:
-        if answers.client_gone(request) or fx.stopping:
+        transport = request.transport
+        if transport is None or transport.is_closing() or fx.stopping:
             break
-        await asyncio.sleep(answers.POLL_S)
+        await asyncio.sleep(POLL_S)
     transport = request.transport
     if transport is not None:
         transport.close()
-    return answers.gone()
+    return web.StreamResponse(status=499)  # never sent: the connection is gone
 
 
 async def stopping(app: web.Application) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from provider_lab import adapters
-from provider_lab.adapters import AdapterError, cents, json_dialect, path_dialect
+from provider_lab.adapters import AdapterError, decimal_text, json_dialect, path_dialect
 
 PRICE_LIST: dict[str, Any] = {
     "partNumber": "KB-001",
@@ -66,40 +66,79 @@ def changed(payload: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[
 # -- json_dialect --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("quantity", "unit"),
-    [(1, 1200), (2, 1200), (9, 1200), (10, 1080), (99, 1080), (100, 960), (10_000, 960)],
-)
-def test_json_dialect_picks_the_break_for_the_quantity(quantity: int, unit: int) -> None:
-    """The largest ``minQuantity`` not above the quantity asked sets the unit price."""
-    assert json_dialect(PRICE_LIST, asked(quantity)) == {
-        "supplier": "atlas",
-        "sku": "KB-001",
-        "unit_cents": unit,
-        "shipping_cents": 300,
-        "stock": 20,
-    }
+OFFER: dict[str, Any] = {
+    "supplier": "atlas",
+    "sku": "KB-001",
+    "currency": "EUR",
+    "breaks": [
+        {"quantity": 1, "unit_price": "12.00"},
+        {"quantity": 10, "unit_price": "10.80"},
+        {"quantity": 100, "unit_price": "9.60"},
+    ],
+    "shipping": "3.00",
+    "stock": 20,
+}
 
 
-def test_json_dialect_does_not_rely_on_the_order_of_breaks() -> None:
-    """Breaks in any order give the same price."""
+@pytest.mark.parametrize("quantity", [1, 9, 10, 100, 10_000])
+def test_json_dialect_passes_the_price_list_through(quantity: int) -> None:
+    """The offer in its own currency and decimal strings, every break: whatever the quantity
+    (QuoteFlow picks the break for what it buys, and converts the currency)."""
+    assert json_dialect(PRICE_LIST, asked(quantity)) == OFFER
+
+
+def test_json_dialect_sorts_the_breaks() -> None:
+    """Breaks in any order come out by quantity."""
     shuffled = changed(PRICE_LIST, ("priceBreaks",), PRICE_LIST["priceBreaks"][::-1])
-    assert json_dialect(shuffled, asked(50))["unit_cents"] == 1080
+    assert json_dialect(shuffled, asked(50)) == OFFER
 
 
-def test_json_dialect_returns_exactly_five_keys_of_strict_types() -> None:
-    """``supplier`` and ``sku`` strings, the rest ``int`` (never a Decimal or a float)."""
+def test_json_dialect_returns_the_offer_protocol_keys_of_strict_types() -> None:
+    """Strings for names, currency and money, ``int`` for quantities and stock: never a float."""
     quote = json_dialect(PRICE_LIST, asked(10))
-    assert list(quote) == ["supplier", "sku", "unit_cents", "shipping_cents", "stock"]
-    assert [type(value) for value in quote.values()] == [str, str, int, int, int]
+    assert list(quote) == ["supplier", "sku", "currency", "breaks", "shipping", "stock"]
+    assert [type(value) for value in quote.values()] == [str, str, str, list, str, int]
+    breaks: Any = quote["breaks"]
+    assert all(
+        (type(entry["quantity"]), type(entry["unit_price"])) == (int, str) for entry in breaks
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "expected"),
+    [
+        (("priceBreaks", 1, "unitPrice"), "10.805", "10.805"),
+        (("priceBreaks", 0, "unitPrice"), "0.0034", "0.0034"),
+        (("priceBreaks", 0, "unitPrice"), "0.000001", "0.000001"),
+        (("shipping",), "0.5", "0.5"),
+        (("currency",), "USD", "USD"),
+        (("currency",), "JPY", "JPY"),
+    ],
+)
+def test_json_dialect_keeps_sub_cent_prices_and_any_currency_as_given(
+    path: tuple[Any, ...], value: Any, expected: str
+) -> None:
+    """A fraction of a cent is a price, not an error; the currency is the supplier's."""
+    quote: Any = json_dialect(changed(PRICE_LIST, path, value), asked())
+    found = {
+        ("priceBreaks", 1, "unitPrice"): quote["breaks"][1]["unit_price"],
+        ("priceBreaks", 0, "unitPrice"): quote["breaks"][0]["unit_price"],
+        ("shipping",): quote["shipping"],
+        ("currency",): quote["currency"],
+    }[path]
+    assert found == expected
+
+
+def test_json_dialect_passes_breaks_that_start_above_one() -> None:
+    """Breaks from 10 up: the offer says so (below 10 QuoteFlow buys nothing, or 10)."""
+    payload = changed(PRICE_LIST, ("priceBreaks",), PRICE_LIST["priceBreaks"][1:])
+    assert json_dialect(payload, asked(5))["breaks"] == OFFER["breaks"][1:]
 
 
 @pytest.mark.parametrize(
     ("path", "value", "problem"),
     [
-        (("priceBreaks", 1, "unitPrice"), "10.805", "a fraction of a cent"),
-        (("priceBreaks", 0, "unitPrice"), "12.001", "a fraction of a cent"),
-        (("shipping",), "0.5000001", "a fraction of a cent"),
+        (("priceBreaks", 0, "unitPrice"), "12.0000001", "not a decimal string"),
         (("priceBreaks", 0, "unitPrice"), 12.0, "not a decimal string"),
         (("priceBreaks", 0, "unitPrice"), 12, "not a decimal string"),
         (("priceBreaks", 0, "unitPrice"), "-1.00", "not a decimal string"),
@@ -107,12 +146,16 @@ def test_json_dialect_returns_exactly_five_keys_of_strict_types() -> None:
         (("priceBreaks", 0, "unitPrice"), " 12.00", "not a decimal string"),
         (("priceBreaks", 0, "unitPrice"), "12,00", "not a decimal string"),
         (("priceBreaks", 0, "unitPrice"), "1_200.00", "not a decimal string"),
+        (("priceBreaks", 0, "unitPrice"), "012.00", "not a decimal string"),
+        (("priceBreaks", 0, "unitPrice"), "12.", "not a decimal string"),
         (("priceBreaks", 0, "unitPrice"), "NaN", "not a decimal string"),
         (("priceBreaks", 0, "unitPrice"), "١٢.٠٠", "not a decimal string"),
         (("priceBreaks", 0, "unitPrice"), "1" * 31, "not a decimal string"),
         (("priceBreaks", 0, "unitPrice"), ..., "not a decimal string"),
-        (("currency",), "USD", "currency: not EUR"),
-        (("currency",), ..., "currency: not EUR"),
+        (("currency",), "eur", "currency: not a three-letter upper-case code"),
+        (("currency",), "EURO", "currency: not a three-letter upper-case code"),
+        (("currency",), 978, "currency: not a three-letter upper-case code"),
+        (("currency",), ..., "currency: not a three-letter upper-case code"),
         (("partNumber",), "KB-002", "partNumber: not the SKU asked"),
         (("partNumber",), ..., "partNumber: not the SKU asked"),
         (("priceBreaks",), [], "priceBreaks: not a non-empty list"),
@@ -128,6 +171,7 @@ def test_json_dialect_returns_exactly_five_keys_of_strict_types() -> None:
         (("available",), True, "available: not a non-negative integer"),
         (("available",), ..., "available: not a non-negative integer"),
         (("shipping",), ..., "shipping: not a decimal string"),
+        (("shipping",), 3.0, "shipping: not a decimal string"),
     ],
 )
 def test_json_dialect_refuses_what_is_not_a_clean_price_list(
@@ -139,14 +183,6 @@ def test_json_dialect_refuses_what_is_not_a_clean_price_list(
         json_dialect(payload, asked())
 
 
-def test_json_dialect_refuses_a_quantity_below_every_break() -> None:
-    """Breaks from 10 up and 5 units asked: no price applies."""
-    payload = changed(PRICE_LIST, ("priceBreaks",), PRICE_LIST["priceBreaks"][1:])
-    with pytest.raises(AdapterError, match="none for a quantity of 5"):
-        json_dialect(payload, asked(5))
-    assert json_dialect(payload, asked(10))["unit_cents"] == 1080
-
-
 @pytest.mark.parametrize("payload", [[PRICE_LIST], None, "KB-001", 5])
 def test_adapters_refuse_a_payload_that_is_not_an_object(payload: Any) -> None:
     """A JSON array, null, string or number is not a quote."""
@@ -155,19 +191,18 @@ def test_adapters_refuse_a_payload_that_is_not_an_object(payload: Any) -> None:
             adapter(payload, asked(10))
 
 
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [("12.00", 1200), ("10.8", 1080), ("0.05", 5), ("7", 700), ("12.000", 1200), ("0", 0)],
-)
-def test_cents_are_exact(text: str, expected: int) -> None:
-    """Decimal strings of euros to whole cents, with no float in between."""
-    assert cents(text, "x") == expected
-    assert type(cents(text, "x")) is int
+@pytest.mark.parametrize("text", ["12.00", "10.8", "0.05", "7", "0", "0.0034", "123456.123456"])
+def test_decimal_text_keeps_plain_decimals_as_written(text: str) -> None:
+    """The protocol's decimal strings come back unchanged (trailing zeros included)."""
+    assert decimal_text(text, "x") == text
 
 
-def test_cents_of_the_longest_accepted_text_are_exact() -> None:
-    """Thirty digits (beyond a float's and Decimal's default precision) still come out exact."""
-    assert cents("9" * 27 + ".99", "x") == int("9" * 27 + "99")
+def test_decimal_text_accepts_up_to_thirty_characters() -> None:
+    """Thirty characters with six decimals (beyond a float's precision) pass as written."""
+    text = "9" * 23 + "." + "9" * 6
+    assert decimal_text(text, "x") == text
+    with pytest.raises(AdapterError, match="x: not a decimal string"):
+        decimal_text("9" + text, "x")
 
 
 # -- path_dialect --------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from decimal import Decimal
 from types import SimpleNamespace
 from typing import Any
 
@@ -80,10 +81,29 @@ async def dialect(request: pytest.FixtureRequest, lab: LabClient) -> tuple[str, 
 
 
 def adapted(name: str, body: bytes, supplier: str, sku: str, quantity: int) -> dict[str, Any]:
-    """A 200 body through that dialect's adapter, as QuoteFlow would call it."""
+    """A 200 body through that dialect's adapter, as QuoteFlow would call it, as the classic
+    five keys: the ``json`` dialect's offer (its price list, passed through in euros) read at
+    ``quantity``'s break, its decimal strings in whole cents (the lab's euros are its cents)."""
     asked = SimpleNamespace(supplier=supplier, sku=sku, quantity=quantity)
-    adapter = json_dialect if name == "json" else path_dialect
-    return adapter(json.loads(body), asked)
+    if name == "path":
+        return path_dialect(json.loads(body), asked)
+    offer: Any = json_dialect(json.loads(body), asked)
+    assert offer["currency"] == "EUR"
+    unit = [b["unit_price"] for b in offer["breaks"] if b["quantity"] <= quantity][-1]
+    return {
+        "supplier": offer["supplier"],
+        "sku": offer["sku"],
+        "unit_cents": exact_cents(unit),
+        "shipping_cents": exact_cents(offer["shipping"]),
+        "stock": offer["stock"],
+    }
+
+
+def exact_cents(text: str) -> int:
+    """A decimal string of euros in whole cents; it must be whole."""
+    cents = Decimal(text) * 100
+    assert cents == cents.to_integral_value(), text
+    return int(cents)
 
 
 # -- prices --------------------------------------------------------------------------------
