@@ -761,6 +761,8 @@ def _bill(trace: SupplierTrace, admitted_at: float, deadline: float) -> dict[str
             attempts[-1]["cut_short"] = True  # not counted by the breaker
         if record.hedge:
             attempts[-1]["hedge"] = True  # sent while the first was still out
+        if record.problem is not None:
+            attempts[-1]["problem"] = record.problem  # what made it invalid_data
     bill: dict[str, Any] = {"attempts": attempts, "stopped": trace.stopped}
     if trace.gave_up_after is not None:
         bill["gave_up_after_ms"] = _ms(trace.gave_up_after)

@@ -288,6 +288,8 @@ class AttemptRecord:
     time (``breaker.py``): QuoteFlow's own lateness, not the supplier's failure."""
     hedge: bool = False
     """Sent while the first attempt was still out (a hedge), not after it failed."""
+    problem: str | None = None
+    """For ``invalid_data``: the field and the rule the answer broke."""
 
     @property
     def ended(self) -> float:

@@ -728,6 +728,8 @@ def _attempt_fields(
         fields["backoff_ms"] = round(record.backoff * 1000, 3)
     if record.cut_short:
         fields["cut_short"] = True
+    if record.problem is not None:
+        fields["problem"] = record.problem
     if record.attempt == last:
         fields["stopped"] = trace.stopped
     return fields

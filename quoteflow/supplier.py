@@ -166,6 +166,8 @@ class _AttemptResult:
     """Why the attempt was never sent (the bill's ``stopped``), if it was not."""
     lines: dict[str, SupplierQuote | Failure] | None = None
     """A batch call's answer: an outcome for each line's SKU (``code`` is ``OK``)."""
+    problem: str | None = None
+    """What made a 200 ``invalid_data``: the field and the rule it broke."""
 
 
 _NO_SLOT_IN_TIME: Final = _AttemptResult(None, TIMEOUT, not_sent=STOPPED_NO_SLOT_IN_TIME)
@@ -239,6 +241,7 @@ def _record(
     status: int | None = None,
     cut_short: bool = False,
     hedge: bool = False,
+    problem: str | None = None,
 ) -> AttemptRecord:
     return AttemptRecord(
         attempt=attempt,
@@ -249,6 +252,7 @@ def _record(
         status=status,
         cut_short=cut_short,
         hedge=hedge,
+        problem=problem,
     )
 
 
@@ -892,7 +896,16 @@ class SupplierClient:
             fetched = self._decode(state, fetched.body, trace.supplier, call, fetched.cache_control)
         outcome = fetched.code
         trace.attempts.append(
-            _record(attempt, waiting_since, started, ended, outcome, fetched.status, hedge=hedge)
+            _record(
+                attempt,
+                waiting_since,
+                started,
+                ended,
+                outcome,
+                fetched.status,
+                hedge=hedge,
+                problem=fetched.problem,
+            )
         )
         return fetched
 
@@ -1101,8 +1114,8 @@ class SupplierClient:
                 )
             else:
                 quote = _adapted(state, body, sku, call.asked)
-        except InvalidSupplierData:
-            return _AttemptResult(None, INVALID_DATA, status=200)
+        except InvalidSupplierData as exc:
+            return _AttemptResult(None, INVALID_DATA, status=200, problem=_problem(exc))
         if cache_control is not None:
             quote = attrs.evolve(quote, cache_control=cache_control)
         return _AttemptResult(quote, OK, status=200)
@@ -1155,9 +1168,17 @@ def _batch_answer(
                 currency=state.spec.currency,
                 adapted=state.adapter is not None,
             )
-        except InvalidSupplierData:
+        except InvalidSupplierData as exc:
             answer[line.sku] = invalid  # missing, malformed, or another SKU's
+            fields = {"supplier": supplier, "sku": line.sku, "problem": _problem(exc)}
+            log_event(log, logging.WARNING, "invalid_line", fields)
     return answer
+
+
+def _problem(exc: InvalidSupplierData) -> str:
+    """The rule a supplier's data broke, for the bill and the log: the field first, bounded."""
+    text = str(exc)
+    return text if len(text) <= 200 else text[:199] + "…"
 
 
 def _batch_adapted(adapter: Adapter, body: bytes, supplier: str, call: _Call) -> Mapping[str, Any]:

@@ -25,6 +25,8 @@ from quoteflow.app import create_app
 from quoteflow.config import Settings
 from quoteflow.options import load_catalogue
 from tests.catalogue_fakes import write_catalogue
+from tests.conftest import StartQuoteFlow
+from tests.fakes import FakeSuppliers, json_body, payload
 
 EXPONENT = {"USD": 2, "EUR": 2, "GBP": 2, "JPY": 0, "KWD": 3}
 RATES = {"USD": "1.0850", "JPY": "162.50", "GBP": "0.8600", "KWD": "0.3330"}
@@ -396,3 +398,24 @@ async def test_an_unknown_answer_currency_is_422(
         assert response.status == 422, (path, currency)
         detail = (await response.json())["detail"]
         assert [error["loc"] for error in detail] == [["currency"]]
+
+
+async def test_the_bill_names_the_rule_an_offer_broke(
+    suppliers: FakeSuppliers, start_quoteflow: StartQuoteFlow
+) -> None:
+    """invalid_data, never retried, with the field in the bill (and the attempt's log event)."""
+    bad = {**payload("boreal"), "unit_price": "9.1234567"}
+    del bad["unit_cents"]
+    suppliers.always("boreal", json_body(bad))
+    client = await start_quoteflow()
+    response = await client.post("/api/quotes?explain=1", json={})
+    answer = await response.json()
+    assert {"supplier": "boreal", "code": "invalid_data"} in answer["failures"]
+    (attempt,) = answer["explain"]["suppliers"]["boreal"]["attempts"]
+    assert attempt["outcome"] == "invalid_data"
+    assert attempt["problem"].startswith("unit_price: must be a decimal string")
+    assert suppliers.count("boreal") == 1
+    suppliers.always("boreal", json_body({**payload("boreal"), "moq": 0}))
+    answer = await (await client.post("/api/quotes?explain=1", json={})).json()
+    (attempt,) = answer["explain"]["suppliers"]["boreal"]["attempts"]
+    assert attempt["problem"].startswith("moq: must be from 1 to 10**9")
