@@ -392,6 +392,46 @@ def _document(
     )
 
 
+def _priced(quote: Mapping[str, Any]) -> str:
+    """How a quote's total is made: today's unit price, or the offer's legal buy and rate."""
+    stock = f"{quote['stock']} in stock"
+    if "unit_cents" in quote:
+        return f"{quote['unit_cents']} ¢ each + {quote['shipping_cents']} ¢ shipping, {stock}"
+    offer = quote.get("offer", {})
+    bought = f"{quote['buy_quantity']} bought, " if "buy_quantity" in quote else ""
+    each = f"{offer.get('unit_price')} {offer.get('currency')} each"
+    rate = f" at {offer['rate']} ({offer.get('rate_date')})" if "rate" in offer else ""
+    return (
+        f"{bought}{each}{rate}: {quote['line_cents']} ¢ + {quote['shipping_cents']} ¢ shipping,"
+        f" {stock}"
+    )
+
+
+_MONEY_ATTRS = (
+    ("unit_cents", "data-unit-cents"),
+    ("line_cents", "data-line-cents"),
+    ("buy_quantity", "data-buy-quantity"),
+)
+_OFFER_ATTRS = (
+    ("currency", "data-offer-currency"),
+    ("unit_price", "data-offer-unit-price"),
+    ("shipping", "data-offer-shipping"),
+    ("rate", "data-rate"),
+    ("rate_date", "data-rate-date"),
+)
+
+
+def _money_attrs(item: Mapping[str, Any]) -> str:
+    """A quote's or a pick's money fields as data attributes: only those the answer has."""
+    found = "".join(f' {name}="{_attr(item[key])}"' for key, name in _MONEY_ATTRS if key in item)
+    offer = item.get("offer")
+    if offer is not None:
+        found += "".join(
+            f' {name}="{_attr(offer[key])}"' for key, name in _OFFER_ATTRS if key in offer
+        )
+    return found
+
+
 def _quote_words(quote: Mapping[str, Any]) -> str:
     return f"{quote['supplier']} {quote['total_cents']} ¢"
 
@@ -461,17 +501,13 @@ def _legend(
     for quote in quotes:
         line += 1
         mark = "★ best " if best is not None and quote == best else ""
-        words = (
-            f"{mark}{quote['supplier']}: {quote['total_cents']} ¢"
-            f" ({quote['unit_cents']} ¢ each + {quote['shipping_cents']} ¢ shipping,"
-            f" {quote['stock']} in stock)"
-        )
+        words = f"{mark}{quote['supplier']}: {quote['total_cents']} ¢ ({_priced(quote)})"
         out.append(
             f'<text class="quote" x="{LABEL_X + 10}" y="{line * 14}"'
             f' data-quote-supplier="{_attr(quote["supplier"])}" data-sku="{_attr(quote["sku"])}"'
             f' data-total-cents="{_attr(quote["total_cents"])}"'
-            f' data-unit-cents="{_attr(quote["unit_cents"])}"'
-            f' data-shipping-cents="{_attr(quote["shipping_cents"])}"'
+            + _money_attrs(quote)
+            + f' data-shipping-cents="{_attr(quote["shipping_cents"])}"'
             f' data-stock="{_attr(quote["stock"])}"'
             + (' data-best="true" font-weight="600"' if mark else "")
             + f">{_text(words)}</text>"
@@ -531,11 +567,16 @@ def render_cart(answer: Mapping[str, Any]) -> str:
     row = 0
     for pick in basket["picks"]:
         row += 1
-        words = f"{pick['sku']} × {pick['quantity']}: {pick['supplier']}, {pick['line_cents']} ¢"
+        bought = f" (buys {pick['buy_quantity']})" if "buy_quantity" in pick else ""
+        words = (
+            f"{pick['sku']} × {pick['quantity']}{bought}: {pick['supplier']},"
+            f" {pick['line_cents']} ¢"
+        )
         legend.append(
             f'<text class="pick" x="{LABEL_X + 10}" y="{row * 14}"'
-            f' data-sku="{_attr(pick["sku"])}" data-pick-supplier="{_attr(pick["supplier"])}">'
-            f"{_text(words)}</text>"
+            f' data-sku="{_attr(pick["sku"])}" data-pick-supplier="{_attr(pick["supplier"])}"'
+            + _money_attrs(pick)
+            + f">{_text(words)}</text>"
         )
     for item in basket["shipping"]:
         row += 1

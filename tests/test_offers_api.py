@@ -419,3 +419,23 @@ async def test_the_bill_names_the_rule_an_offer_broke(
     answer = await (await client.post("/api/quotes?explain=1", json={})).json()
     (attempt,) = answer["explain"]["suppliers"]["boreal"]["attempts"]
     assert attempt["problem"].startswith("moq: must be from 1 to 10**9")
+
+
+async def test_the_drawn_bill_carries_each_offers_money(
+    aiohttp_client: AiohttpClient, world: World, tmp_path: Path
+) -> None:
+    """?explain=svg draws offers too: their buy, line and rate as data attributes."""
+    client = await start(aiohttp_client, world, tmp_path)
+    response = await client.post("/api/quotes?explain=svg", json={"sku": "RES-1", "quantity": 7})
+    assert response.status == 200
+    drawing = await response.text()
+    assert 'data-quote-supplier="boreal"' in drawing
+    assert 'data-buy-quantity="10"' in drawing
+    assert 'data-offer-currency="EUR"' in drawing
+    assert 'data-rate="1.085"' in drawing
+    body = {"lines": [{"sku": "RES-1", "quantity": 7}, {"sku": "CAP-1", "quantity": 90}]}
+    response = await client.post("/api/carts?explain=svg", json=body)
+    assert response.status == 200
+    drawing = await response.text()
+    assert 'class="pick"' in drawing
+    assert "data-line-cents=" in drawing
