@@ -261,7 +261,8 @@ async def test_the_batch_dialect_offers_price_lists_beside_classic_offers(lab: L
         "moq": 10,
         "multiple": 10,
     }
-    assert read["CAP-BULK-1"]["breaks"] == [
+    bulk: Any = read["CAP-BULK-1"]
+    assert bulk["breaks"] == [
         {"quantity": 1, "unit_price": "5.00"},
         {"quantity": 100, "unit_price": "4.00"},
     ]
