@@ -121,6 +121,11 @@ CART_QUANTITY: Final = 2
 from atlas (shipping for most, lower unit prices), shipping paid once, it costs less."""
 
 
+def rates_url(lab_url: str) -> str:
+    """The lab's daily exchange rates, in the ECB's format (``GET /fx/eurofxref-daily.xml``)."""
+    return f"{lab_url}/fx/eurofxref-daily.xml"
+
+
 def worked_catalogue(lab_url: str) -> str:
     """The three worked suppliers' catalogue, pointed at the lab at ``lab_url``."""
     return WORKED_SUPPLIERS.replace(WRITTEN_FOR, lab_url)
@@ -268,8 +273,11 @@ async def run(
     async def quoteflow(
         port: int, *args: str, env: dict[str, str] | None = None
     ) -> asyncio.subprocess.Process:
+        # Every QuoteFlow prices foreign offers at the lab's ECB-format rates
+        # (its own flags, after these, may name others).
+        rates = ("--fx-rates", rates_url(lab_url))
         return await asyncio.create_subprocess_exec(
-            python, "-m", "quoteflow", "--host", host, "--port", str(port), *args, env=env
+            python, "-m", "quoteflow", "--host", host, "--port", str(port), *rates, *args, env=env
         )
 
     with tempfile.TemporaryDirectory(prefix="quoteflow-run-") as folder:
