@@ -7,6 +7,7 @@ these tests until the page that documents it names it.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import re
 import subprocess
@@ -92,18 +93,33 @@ def test_every_bench_variable_is_in_benchmark_md() -> None:
     assert _missing(names, BENCHMARK) == []
 
 
-@pytest.mark.parametrize("fleet", [False, True], ids=["one-process", "fleet"])
+_ECB_TABLE = (
+    "<?xml version='1.0' encoding='UTF-8'?>"
+    "<gesmes:Envelope xmlns:gesmes='http://www.gesmes.org/xml/2002-08-01'"
+    " xmlns='http://www.ecb.int/vocabulary/2002-08-01/eurofxref'>"
+    "<Cube><Cube time='{date}'><Cube currency='USD' rate='1.0850'/></Cube></Cube>"
+    "</gesmes:Envelope>"
+)
+
+
+@pytest.mark.parametrize("mode", ["one-process", "fleet", "rates"])
 async def test_every_metric_is_in_operations_md(
-    start_quoteflow: StartQuoteFlow, request: pytest.FixtureRequest, fleet: bool
+    start_quoteflow: StartQuoteFlow, request: pytest.FixtureRequest, tmp_path: Path, mode: str
 ) -> None:
     """Every metric family the real app exports, after one request, is in docs/operations.md.
 
-    In fleet mode too (a real redis-server): its coordination metrics exist only there.
+    In fleet mode too (a real redis-server): its coordination metrics exist only
+    there; and with exchange rates (an ``--fx-rates`` file), whose metrics exist
+    only then.
     """
     overrides: dict[str, object] = {}
-    if fleet:
+    if mode == "fleet":
         redis: RedisServer = request.getfixturevalue("redis_server")
         overrides = {"redis_url": redis.url, "redis_timeout": 0.2}
+    if mode == "rates":
+        table = tmp_path / "eurofxref-daily.xml"
+        table.write_text(_ECB_TABLE.format(date=dt.date.today().isoformat()))
+        overrides = {"fx_rates": str(table)}
     client = await start_quoteflow(**overrides)
     answer = await client.post("/api/quotes", json={})
     assert answer.status == 200
@@ -111,7 +127,8 @@ async def test_every_metric_is_in_operations_md(
     assert scrape.status == 200
     names = set(re.findall(r"^# TYPE (\S+) ", await scrape.text(), re.MULTILINE))
     assert "quoteflow_requests_total" in names, names
-    assert ("quoteflow_coordination_up" in names) == fleet
+    assert ("quoteflow_coordination_up" in names) == (mode == "fleet")
+    assert ("quoteflow_fx_rates_fresh" in names) == (mode == "rates")
     assert _missing(names, OPERATIONS) == []
 
 

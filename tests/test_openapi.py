@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Iterator
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,25 +72,56 @@ schema.config.generation.update(max_examples=100, database="none")
 KEY = "schemathesis-key"
 
 
-@pytest.fixture(scope="module", params=["open", "keyed"])
-def live(request: pytest.FixtureRequest) -> Iterator[tuple[str, dict[str, str]]]:
-    """A live QuoteFlow in front of healthy fake suppliers, without and with API keys."""
+RATES = {"USD": "1.0850", "JPY": "162.50", "GBP": "0.8600", "KWD": "0.3330"}
+"""The live app's ECB table in the ``rates`` run: two, zero and three minor digits."""
+
+
+def _ecb_table(path: Path) -> str:
+    """An ECB ``eurofxref-daily.xml`` of today's date (fresh) with ``RATES``, at ``path``."""
+    rows = "".join(f"<Cube currency='{code}' rate='{rate}'/>" for code, rate in RATES.items())
+    path.write_text(
+        "<?xml version='1.0' encoding='UTF-8'?>"
+        "<gesmes:Envelope xmlns:gesmes='http://www.gesmes.org/xml/2002-08-01'"
+        " xmlns='http://www.ecb.int/vocabulary/2002-08-01/eurofxref'>"
+        f"<Cube><Cube time='{dt.datetime.now(dt.UTC).date().isoformat()}'>{rows}</Cube></Cube>"
+        "</gesmes:Envelope>"
+    )
+    return str(path)
+
+
+@pytest.fixture(scope="module", params=["open", "keyed", "rates"])
+def live(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, dict[str, str], frozenset[str]]]:
+    """A live QuoteFlow in front of healthy fake suppliers, without and with API keys, and
+    with a rates table (then an answer in another currency converts every quote).
+
+    The third item: the currencies the app answers in (``--currency``, and the table's).
+    """
     overrides: dict[str, Any] = {"budget": 0.3}
     headers: dict[str, str] = {}
+    answers_in = frozenset({Settings().currency})
     if request.param == "keyed":
         overrides.update(api_keys=ApiKeys([KEY]), metrics_require_key=True)
         headers["Authorization"] = f"Bearer {KEY}"
+    if request.param == "rates":
+        overrides["fx_rates"] = _ecb_table(tmp_path_factory.mktemp("fx") / "eurofxref-daily.xml")
+        answers_in |= {"EUR", *RATES}
     with live_quoteflow(**overrides) as app:
-        yield app.url, headers
+        yield app.url, headers, answers_in
 
 
 @schema.parametrize()
 @settings(deadline=None, suppress_health_check=list(HealthCheck))
-def test_live_app_conforms(case: schemathesis.Case[Any], live: tuple[str, dict[str, str]]) -> None:
+def test_live_app_conforms(
+    case: schemathesis.Case[Any], live: tuple[str, dict[str, str], frozenset[str]]
+) -> None:
     """Generated valid and invalid requests: never a 5xx, every answer as documented."""
-    url, headers = live
+    url, headers, answers_in = live
     response = case.call(base_url=url, headers=headers, timeout=5)
-    refused = _refused_beyond_the_schema(case.path, case.body, _size(response.request.body))
+    refused = _refused_beyond_the_schema(
+        case.path, case.body, _size(response.request.body), answers_in
+    )
     if refused is None:
         case.validate_response(response)
     else:
@@ -110,7 +143,9 @@ def _size(sent: object) -> int:
     return len(sent) if isinstance(sent, bytes) else 0
 
 
-def _refused_beyond_the_schema(path: str, body: object, size: int) -> int | None:
+def _refused_beyond_the_schema(
+    path: str, body: object, size: int, answers_in: frozenset[str]
+) -> int | None:
     """The status of a request refused for a rule JSON Schema cannot state, else None.
 
     A body is capped in bytes (``size``: ``--max-request-bytes``, a cart's
@@ -118,7 +153,9 @@ def _refused_beyond_the_schema(path: str, body: object, size: int) -> int | None
     schema says, and is then refused unread. JSON Schema counts 64.0 as an
     integer; the contract wants the integer literal and refuses 64.0. A cart
     asks each SKU once, whatever the quantities (``uniqueItems`` compares
-    whole lines).
+    whole lines). A ``currency`` of three capitals is answered only if it is an
+    ISO 4217 code the app answers in (``answers_in``: its ``--currency`` and
+    the currencies of its rates table, which change at run time).
     """
     defaults = Settings()
     if path == "/api/carts":
@@ -131,6 +168,9 @@ def _refused_beyond_the_schema(path: str, body: object, size: int) -> int | None
         return 413
     if not isinstance(body, dict):
         return None
+    currency = body.get("currency")
+    if isinstance(currency, str) and currency not in answers_in:
+        return 422
     if path == "/api/quotes":
         return 422 if isinstance(body.get("quantity"), float) else None
     lines = body.get("lines")
