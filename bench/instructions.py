@@ -55,7 +55,26 @@ async def _load(url: str, requests: int, at_once: int) -> int:
     return answered
 
 
-def count(tree: Path, lab_url: str, work: Path, name: str, at_once: int) -> float:
+def one_converted(lab_url: str, work: Path) -> tuple[str, ...]:
+    """Flags that make boreal quote in euros, converted at the lab's rates: one of three.
+
+    boreal still answers the lab's five keys; its catalogue entry says they are
+    euros, so every answer converts its quote (line and shipping) at a cross rate.
+    """
+    catalogue = work / "one-converted.toml"
+    catalogue.write_text(
+        "".join(
+            f'[[supplier]]\nname = "{name}"\nurl = "{lab_url}/quotes/{name}"\n'
+            + ('currency = "EUR"\n' if name == "boreal" else "")
+            for name in ("atlas", "boreal", "cedar")
+        )
+    )
+    return ("--suppliers", str(catalogue), "--fx-rates", f"{lab_url}/fx/eurofxref-daily.xml")
+
+
+def count(
+    tree: Path, lab_url: str, work: Path, name: str, at_once: int, extra: Sequence[str] = ()
+) -> float:
     """Instructions per answer of the QuoteFlow in ``tree``, counted over ``COUNTED`` requests."""
     port = free_port()
     out = work / f"callgrind.{name}"
@@ -66,6 +85,7 @@ def count(tree: Path, lab_url: str, work: Path, name: str, at_once: int) -> floa
         f"--callgrind-out-file={out}",
         *(sys.executable, "-m", "quoteflow", "--port", str(port), "--provider-url", lab_url),
         *("--log-level", "warning", "--event-loop", "uvloop"),
+        *extra,
     ]
     env = {"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}
     service: Service = start(name, argv, port, work, cwd=tree, env=env, ready_timeout=120)
@@ -100,6 +120,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__)
     parser.add_argument("rev", help="the commit to compare against, e.g. main")
     parser.add_argument("--at-once", type=int, default=8, help="requests in flight (8)")
+    parser.add_argument(
+        "--one-converted",
+        action="store_true",
+        help="this tree with boreal in euros at the lab's rates (one quote of three converted)",
+    )
     args = parser.parse_args(argv)
     for command in ("valgrind", "callgrind_control"):
         if shutil.which(command) is None:
@@ -113,7 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             before = count(export(args.rev, work), lab.url, work, "before", args.at_once)
             print(f"{args.rev:<10} {before:>12,.0f} instructions per answer", flush=True)
-            after = count(ROOT, lab.url, work, "after", args.at_once)
+            extra = one_converted(lab.url, work) if args.one_converted else ()
+            after = count(ROOT, lab.url, work, "after", args.at_once, extra)
             print(f"{'this tree':<10} {after:>12,.0f} instructions per answer")
             print(f"after ÷ before {after / before:.3f}")
         finally:

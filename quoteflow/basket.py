@@ -215,8 +215,7 @@ def solve(
         quantity = line.quantity
         try:
             row = [
-                (o.goods(quantity), position[o.supplier], o.shipping_cents, o)
-                for o in line.offers
+                (o.goods(quantity), position[o.supplier], o.shipping_cents, o) for o in line.offers
             ]
         except KeyError as exc:
             raise ValueError(f"offer from {exc.args[0]!r}, not in the supplier order") from None

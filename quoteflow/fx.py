@@ -187,7 +187,8 @@ class Rates:
         if rate_from is not None and rate_to is not None:
             assert exp_from is not None
             assert exp_to is not None
-            found = CrossRate(rate_from, rate_to, exp_from, exp_to)
+            date = table.date.isoformat()
+            found = CrossRate(rate_from, rate_to, exp_from, exp_to, date)
         self._crosses[key] = found
         return found
 

@@ -25,7 +25,8 @@ always did (``unit_cents * n + shipping_cents``).
 
 from __future__ import annotations
 
-from typing import Final
+from bisect import bisect_right
+from typing import Final, NamedTuple
 
 import attrs
 
@@ -44,8 +45,7 @@ from quoteflow.models import (
 from quoteflow.money import MICROS_PER_MINOR, half_even, minor_unit, text_of_micros, text_of_minor
 
 
-@attrs.frozen
-class Buy:
+class Buy(NamedTuple):
     """The legal buy chosen for a need: how many, at which unit price, for what amount."""
 
     units: int
@@ -57,31 +57,26 @@ class Buy:
 
 def legal_buy(need: int, stock: int, terms: OfferTerms) -> Buy | None:
     """The cheapest legal buy of at least ``need`` units, or None when none is legal."""
-    multiple = terms.multiple
-    breaks = terms.breaks
-    count = len(breaks)
-    least = max(need, terms.moq, breaks[0].quantity)
+    quantities, prices, multiple = terms.quantities, terms.prices, terms.multiple
+    least = max(need, terms.moq, quantities[0])
     units = -(-least // multiple) * multiple
     if units > stock:
         return None
     scale = MICROS_PER_MINOR[terms.exponent]
-    at = 0
-    while at + 1 < count and breaks[at + 1].quantity <= units:
-        at += 1
     best_units = units
-    best_micros = breaks[at].micros
+    best_micros = prices[bisect_right(quantities, units) - 1]
     best_amount = half_even(best_micros * units, scale)
-    for later in range(at + 1, count):
-        if breaks[later].micros >= best_micros:
+    for later in range(bisect_right(quantities, units), len(quantities)):
+        if prices[later] >= best_micros:
             continue  # no cheaper per unit, and more units: it cannot win
-        units = -(-breaks[later].quantity // multiple) * multiple
+        units = -(-quantities[later] // multiple) * multiple
         if units > stock:
             break  # nor can any break after it be bought
-        at = later
-        while at + 1 < count and breaks[at + 1].quantity <= units:
-            at += 1
-        micros = breaks[at].micros
-        amount = half_even(micros * units, scale)
+        micros = prices[bisect_right(quantities, units) - 1]
+        # money.half_even, inlined: this loop runs for every break of every offer.
+        amount, rest = divmod(micros * units, scale)
+        if 2 * rest > scale or (2 * rest == scale and amount & 1):
+            amount += 1
         if amount < best_amount:
             best_units, best_micros, best_amount = units, micros, amount
     return Buy(best_units, best_micros, best_amount)
@@ -116,25 +111,29 @@ class Pricing:
         answer's), or ``invalid_data`` (an amount past 2**53 - 1 minor units,
         which no JSON reader keeps exact).
         """
-        native = self.native.get(quote.supplier, self.currency)
         terms = quote.terms
-        if terms is None and native == self.currency:
-            # Today's shape in the answer's currency: exactly what it always was.
-            if quote.stock < need:
-                return None
-            unit_cents = quote.unit_cents
-            assert unit_cents is not None
-            if unit_cents * need + quote.shipping_cents > MAX_SUPPLIED_NUMBER:
-                return Failure(quote.supplier, INVALID_DATA)
-            return RankedQuote.for_quantity(quote, need)
-        offered = native if terms is None or terms.currency is None else terms.currency
-        exponent = minor_unit(offered)
-        assert exponent is not None  # checked where the quote and the settings were read
+        currency = self.currency
         if terms is None:
+            offered = self.native.get(quote.supplier, currency)
+            if offered == currency:
+                # Today's shape in the answer's currency: exactly what it always was.
+                if quote.stock < need:
+                    return None
+                unit_cents = quote.unit_cents
+                assert unit_cents is not None
+                if unit_cents * need + quote.shipping_cents > MAX_SUPPLIED_NUMBER:
+                    return Failure(quote.supplier, INVALID_DATA)
+                return RankedQuote.for_quantity(quote, need)
+            exponent = minor_unit(offered)
+            assert exponent is not None  # checked where the settings were read
             terms = terms_of(quote, exponent)
+        else:
+            offered = terms.currency or self.native.get(quote.supplier, currency)
+            exponent = terms.exponent
         cross = None
-        if offered != self.currency:
-            cross = None if self.rates is None else self.rates.cross(offered, self.currency)
+        if offered != currency:
+            rates = self.rates
+            cross = None if rates is None else rates.cross(offered, currency)
             if cross is None:
                 return Failure(quote.supplier, NO_RATE)
         buy = legal_buy(need, quote.stock, terms)
@@ -166,7 +165,7 @@ class Pricing:
             unit_price=text_of_micros(buy.micros),
             shipping=text_of_minor(quote.shipping_cents, exponent),
             rate=None if cross is None else cross.shown,
-            rate_date=None if cross is None or self.rates is None else self.rates.date,
+            rate_date=None if cross is None else cross.date,
         )
         return RankedQuote(
             supplier=quote.supplier,
