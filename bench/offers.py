@@ -142,7 +142,9 @@ def figures() -> dict[str, Any]:
             pricing_ms.append(_least_ms(lambda cart=cart: price_all(cart, pricing)))
             lines_ = priced_lines(cart, pricing)
             basket_ms.append(
-                _least_ms(lambda lines_=lines_: solve(lines_, names, time_limit=BASKET_LIMIT))
+                _least_ms(
+                    lambda lines_=lines_, names=names: solve(lines_, names, time_limit=BASKET_LIMIT)
+                )
             )
             proven += solve(lines_, names, time_limit=BASKET_LIMIT).optimal
         found[key] = {

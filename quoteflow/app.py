@@ -62,14 +62,15 @@ SUPPLIER_CLIENT = web.AppKey("supplier_client", SupplierClient)
 ROSTER = web.AppKey("roster", SupplierRoster)
 """The catalogue served now, and what reloads it."""
 COORDINATOR = web.AppKey("coordinator", Coordinator)
+"""Fleet mode only (``redis_url`` set): this worker's link to the others through Redis."""
 SUPPLIER_RATES = web.AppKey("supplier_rates", SharedMeter)
 """Fleet mode only: each supplier's outbound rate, held in Redis for every worker."""
 PAUSES = web.AppKey("pauses", Pauses)
+"""Suppliers paused after a 429 with ``Retry-After``: one board for the process."""
 RATES = web.AppKey("rates", Rates)
 """The exchange rates (``--fx-rates``); absent when none are configured."""
 RATES_FEED = web.AppKey("rates_feed", RatesFeed)
-"""Suppliers paused after a 429 with ``Retry-After``: one board for the process."""
-"""Fleet mode only (``redis_url`` set): this worker's link to the others through Redis."""
+"""The background fetches of an ``--fx-rates`` URL."""
 
 GatewayFactory = Callable[[SupplierGateway], SupplierGateway]
 

@@ -399,6 +399,22 @@ def _price_adapted(value: Any, _: type) -> int:
     return _price_text(value, str)
 
 
+def _places(value: Any) -> int:
+    """Decimal places as written: ``"3.000"`` has three (trailing zeros counted)."""
+    if isinstance(value, Decimal):
+        exponent = value.as_tuple().exponent
+        return max(0, -exponent) if isinstance(exponent, int) else 0
+    return len(str(value).partition(".")[2])
+
+
+def _shipping_hook(price: Any) -> Any:
+    def shipping(value: Any, _: type) -> tuple[int, int]:
+        """A decimal shipping as (micros, places written): its places are checked per currency."""
+        return price(value, str), _places(value)
+
+    return shipping
+
+
 _BREAK_PRICES: Final = ("unit_price", "unit_cents")
 
 
@@ -450,8 +466,8 @@ class _WireOffer:
     """Micros."""
     breaks: tuple[tuple[int, int, bool], ...] | None = None
     shipping_cents: int | None = None
-    shipping: int | None = None
-    """Micros."""
+    shipping: tuple[int, int] | None = None
+    """Micros, and the decimal places it was written with."""
     moq: int = 1
     multiple: int = 1
 
@@ -466,7 +482,7 @@ def _offer_structure(price: Any) -> Any:
         unit_price=override(struct_hook=price),
         breaks=override(struct_hook=_breaks_hook(price)),
         shipping_cents=override(struct_hook=_supplied_number),
-        shipping=override(struct_hook=price),
+        shipping=override(struct_hook=_shipping_hook(price)),
         moq=override(struct_hook=_offer_count),
         multiple=override(struct_hook=_offer_count),
     )
@@ -551,9 +567,10 @@ def _quote_of_offer(wire: _WireOffer, default_currency: str) -> SupplierQuote:
     assert exponent is not None  # the hook and the settings checked it
     to_minor = MICROS_PER_MINOR[exponent]
     if wire.shipping is not None:
-        if wire.shipping % to_minor:
+        micros, places = wire.shipping
+        if places > exponent:
             raise InvalidSupplierData(f"shipping: more decimal places than {currency}'s {exponent}")
-        shipping = wire.shipping // to_minor
+        shipping = micros // to_minor
     else:
         assert wire.shipping_cents is not None
         shipping = wire.shipping_cents

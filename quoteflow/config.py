@@ -151,6 +151,11 @@ class Settings:
     cache_max_age: float = attrs.field(default=30.0, validator=_positive)
     """Cap on a supplier's ``max-age`` and ``stale-if-error``, seconds."""
     console: bool = attrs.field(default=False, validator=v.instance_of(bool))
+    """Serve the console page (``GET /console``): ask, burst and see each bill drawn."""
+    console_lab: str | None = attrs.field(default=None)
+    """A provider lab the console may switch faults and latency of (``/api/console/lab/``);
+    ``None`` (the default): no such routes. Only ever the lab: a real supplier has no
+    control API, and these routes forward nothing else."""
     currency: str = attrs.field(default="USD")
     """The answers' currency unless a request names one, and every supplier's unless its
     catalogue entry or its quote says otherwise: ISO 4217 with a minor unit."""
@@ -161,11 +166,6 @@ class Settings:
     """Seconds between two fetches of a rates URL."""
     fx_max_age: float = attrs.field(default=6 * 86400.0, validator=[v.gt(0), v.le(366 * 86400)])
     """Seconds after its publication (its date at 16:00 CET) a rates table is still used."""
-    """Serve the console page (``GET /console``): ask, burst and see each bill drawn."""
-    console_lab: str | None = attrs.field(default=None)
-    """A provider lab the console may switch faults and latency of (``/api/console/lab/``);
-    ``None`` (the default): no such routes. Only ever the lab: a real supplier has no
-    control API, and these routes forward nothing else."""
 
     @provider_url.validator
     def _check_provider_url(self, attribute: attrs.Attribute[str], value: str) -> None:

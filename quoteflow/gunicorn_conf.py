@@ -13,7 +13,7 @@ Command-line options win over everything here. What it adds to gunicorn:
   aiohttp's uvloop worker; ``graceful_timeout`` and ``timeout`` leave room
   for the drain and the requests in flight; no control socket (see below).
 - **Files checked in the master, workers booted from the last good copy**
-  (``CHECKED_FILES``: the supplier catalogue and the callers file). ``kill
+  (``CHECKED_FILES``: the supplier catalogue, the callers file, a rates file). ``kill
   -HUP`` of the master is gunicorn's graceful reload: new workers boot and
   read the files, the old ones finish what they started. A
   worker that found a bad file would exit 3, and gunicorn stops the whole
@@ -54,6 +54,7 @@ import attrs
 
 from quoteflow.callers import load_callers
 from quoteflow.config import Settings
+from quoteflow.fx import is_url, read_file
 from quoteflow.options import (
     GUNICORN_MASTER_ENV,
     METRICS_DIR_ENV,
@@ -104,6 +105,8 @@ class CheckedFile:
 
     variable: str
     load: Loader
+    is_file: Callable[[str], bool] = attrs.field(default=lambda _: True)
+    """Whether the variable's value names a file (``--fx-rates`` may name a URL instead)."""
 
 
 def _load_catalogue(path: str, environ: Mapping[str, str]) -> object:
@@ -111,11 +114,17 @@ def _load_catalogue(path: str, environ: Mapping[str, str]) -> object:
     return load_catalogue(attrs.evolve(_settings, suppliers_file=path), environ)
 
 
+def _load_rates(path: str, environ: Mapping[str, str]) -> object:
+    return read_file(path)
+
+
 CHECKED_FILES: list[CheckedFile] = [
     CheckedFile(env_name("suppliers_file"), _load_catalogue),
     CheckedFile(env_name("callers"), load_callers),
+    CheckedFile(env_name("fx_rates"), _load_rates, lambda value: not is_url(value)),
 ]
-"""Every file the master checks: the supplier catalogue and the callers file."""
+"""Every file the master checks: the supplier catalogue, the callers file and a rates file
+(a rates URL is fetched by each worker, never checked here)."""
 
 _snapshots: dict[str, tuple[str, Path]] = {}
 """Variable → (the operator's path, the last good copy the workers read)."""
@@ -129,7 +138,7 @@ def on_starting(server: Any) -> None:
         _refuse(str(_problem))
     for checked in CHECKED_FILES:
         given = os.environ.get(checked.variable)
-        if not given:
+        if not given or not checked.is_file(given):
             continue
         if _snapshot_dir is None:
             _snapshot_dir = tempfile.mkdtemp(prefix="quoteflow-files-")

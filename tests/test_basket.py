@@ -27,7 +27,7 @@ def brute_force(lines: list[Line], suppliers: tuple[str, ...]) -> tuple[int, int
         charged: dict[str, int] = {}
         goods = 0
         for line, offer in zip(quoted, offers, strict=True):
-            goods += offer.unit_cents * line.quantity
+            goods += offer.goods(line.quantity)
             charged[offer.supplier] = max(charged.get(offer.supplier, 0), offer.shipping_cents)
         used = tuple(sorted(position[name] for name in charged))
         key = (goods + sum(charged.values()), len(used), used)
@@ -48,7 +48,7 @@ def check_consistent(basket: Basket, lines: list[Line], suppliers: tuple[str, ..
     for pick, line in zip(basket.picks, quoted, strict=True):
         offer = next(o for o in line.offers if o.supplier == pick.supplier)
         assert (pick.quantity, pick.unit_cents) == (line.quantity, offer.unit_cents)
-        assert pick.line_cents == offer.unit_cents * line.quantity
+        assert pick.line_cents == offer.goods(line.quantity)
         taken.append(offer)
     charged: dict[str, int] = {}
     for offer in taken:
@@ -58,7 +58,7 @@ def check_consistent(basket: Basket, lines: list[Line], suppliers: tuple[str, ..
     )
     assert basket.total_cents == sum(p.line_cents for p in basket.picks) + sum(charged.values())
     assert basket.per_line_total_cents == sum(
-        min(o.unit_cents * line.quantity + o.shipping_cents for o in line.offers) for line in quoted
+        min(o.goods(line.quantity) + o.shipping_cents for o in line.offers) for line in quoted
     )
     assert basket.total_cents <= basket.per_line_total_cents
     # Tie rule 3: no offer of a chosen supplier that fits its charge is cheaper,

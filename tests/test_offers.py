@@ -295,6 +295,7 @@ def test_sub_cent_prices_round_per_line() -> None:
         ({"unit_cents": 1, "shipping_cents": 0, "shipping": "1.00"}, "shipping"),
         ({"unit_cents": 1}, "shipping"),
         ({"unit_cents": 1, "shipping": "1.001"}, "shipping"),
+        ({"unit_cents": 1, "shipping": "3.000"}, "shipping"),
         ({"unit_cents": 1, "shipping": 1.0}, "shipping"),
         ({"currency": "JPY", "unit_cents": 1, "shipping": "1.5"}, "shipping"),
         ({"unit_cents": 1, "shipping_cents": 0, "moq": 0}, "moq"),

@@ -201,3 +201,23 @@ def test_a_bad_catalogue_stops_gunicorn_before_any_worker(tmp_path: Path) -> Non
     assert "Booting worker" not in done.stderr
     assert "Traceback" not in done.stderr
     assert "hush-hush-secret" not in done.stderr + done.stdout
+
+
+def test_a_bad_rates_file_stops_gunicorn_before_any_worker(tmp_path: Path) -> None:
+    """--fx-rates naming a file that is not the ECB's format: the master's one line, exit 2."""
+    path = tmp_path / "eurofxref-daily.xml"
+    path.write_text("<gesmes:Envelope>not rates")
+    done = subprocess.run(
+        gunicorn_argv(free_port()),
+        env=quoteflow_env({"QUOTEFLOW_FX_RATES": str(path)}),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    ours = [line for line in done.stderr.splitlines() if line.startswith("quoteflow:")]
+    assert len(ours) == 1
+    assert ours[0].startswith(f"quoteflow: error: --fx-rates {path}: not XML")
+    assert done.returncode == 2
+    assert "Booting worker" not in done.stderr
+    assert "Traceback" not in done.stderr
