@@ -361,7 +361,19 @@ _structure_quote = make_dict_structure_fn(
 )
 """Today's five keys: the path nearly every answer takes, as fast as before offers."""
 
-_TODAY_KEYS: Final = frozenset({"supplier", "sku", "unit_cents", "shipping_cents", "stock"})
+
+
+def _today(obj: dict[str, Any]) -> SupplierQuote | None:
+    """A quote of exactly today's five valid keys, or None: then it is read as an offer.
+
+    Tried first, as nearly every answer is one: an offer's keys make it fail
+    (they are extra here), and the offer's reading names every problem.
+    """
+    try:
+        quote = _structure_quote(obj, SupplierQuote)
+    except ClassValidationError:
+        return None
+    return None if quote.unit_cents is None else quote
 
 MAX_OFFER_COUNT: Final = 10**9
 """The largest ``moq`` or ``multiple`` a supplier may state."""
@@ -529,9 +541,8 @@ def supplier_quote_from(
     if type(obj) is not dict:
         raise InvalidSupplierData(f"not a JSON object but {_json_type(obj)}")
     try:
-        if obj.keys() == _TODAY_KEYS:
-            quote = _structure_quote(obj, SupplierQuote)
-        else:
+        quote = _today(obj)
+        if quote is None:
             structure = _structure_adapted_offer if adapted else _structure_offer
             quote = _quote_of_offer(structure(obj, _WireOffer), currency)
     except ClassValidationError as exc:
@@ -679,9 +690,26 @@ _unstructure_quote = make_dict_unstructure_fn(
 _unstructure_failure = _results.get_unstructure_hook(Failure)
 
 
+def _quote_json(quote: RankedQuote) -> dict[str, Any]:
+    """A quote's JSON: one answered as today in today's key order, any other through cattrs."""
+    if quote.offer is not None:
+        return _unstructure_quote(quote)
+    encoded: dict[str, Any] = {
+        "supplier": quote.supplier,
+        "sku": quote.sku,
+        "unit_cents": quote.unit_cents,
+        "shipping_cents": quote.shipping_cents,
+        "stock": quote.stock,
+        "total_cents": quote.total_cents,
+    }
+    if quote.age_s is not None:
+        encoded["age_s"] = quote.age_s  # a quote from the cache, its age last
+    return encoded
+
+
 def encode_result(result: QuoteResult) -> dict[str, Any]:
     """The contract's JSON shape of a result (``best`` is the first quote or null)."""
-    quotes = [_unstructure_quote(quote) for quote in result.quotes]
+    quotes = [_quote_json(quote) for quote in result.quotes]
     return {
         "sku": result.sku,
         "quantity": result.quantity,
