@@ -300,7 +300,10 @@ adapter = "provider_lab.adapters:path_dialect"
         monkeypatch.setenv(name, value)
     config = tracing_from_environ(os.environ)
     settings = Settings(
-        budget=TEST_BUDGET, connect_timeout=TEST_CONNECT_TIMEOUT, suppliers_file=str(path)
+        budget=TEST_BUDGET,
+        connect_timeout=TEST_CONNECT_TIMEOUT,
+        suppliers_file=str(path),
+        fx_rates=f"{base}/fx/eurofxref-daily.xml",  # boreal quotes in euros
     )
     catalogue = load_catalogue(settings, environ)
     client = await aiohttp_client(

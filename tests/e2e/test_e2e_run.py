@@ -161,7 +161,12 @@ async def test_run_pair_serves_the_readme_curl_and_stops_cleanly(running_pair: R
     ):
         result = await response.json()
     assert result["best"]["supplier"] == "boreal"
-    assert result["best"]["unit_cents"] == 990
+    # boreal's price list is in euros: 9.90 from 10 on, converted at the lab's rates.
+    assert (result["best"]["offer"]["currency"], result["best"]["offer"]["unit_price"]) == (
+        "EUR",
+        "9.90",
+    )
+    assert result["currency"] == "USD"
     assert result["failures"] == []
     # The batch suppliers' cart: each line's best is cedar's, the basket atlas's alone.
     line = await running_pair.line_containing(f":{running_pair.batch_port}/api/carts ")
