@@ -17,7 +17,7 @@ import attrs
 import cattrs
 import orjson
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
-from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+from cattrs.gen import make_dict_structure_fn, override
 
 from quoteflow.config import SCENARIOS
 from quoteflow.errors import (
@@ -45,7 +45,6 @@ from quoteflow.models import (
     QuoteRequest,
     QuoteResult,
     RankedQuote,
-    ShownOffer,
     SupplierQuote,
     SupplierTrace,
 )
@@ -666,44 +665,49 @@ def to_json(obj: Any) -> bytes:
 
 
 _results = cattrs.Converter()
-_results.register_unstructure_hook(
-    ShownOffer,
-    make_dict_unstructure_fn(
-        ShownOffer,
-        _results,
-        rate=override(omit_if_default=True),
-        rate_date=override(omit_if_default=True),
-    ),
-)
-_unstructure_quote = make_dict_unstructure_fn(
-    RankedQuote,
-    _results,
-    # A quote answered as today keeps exactly today's keys: ``unit_cents``
-    # and nothing of offers; any other has ``line_cents`` and its ``offer``
-    # instead. ``age_s`` only for a quote from the cache.
-    unit_cents=override(omit_if_default=True),
-    line_cents=override(omit_if_default=True),
-    buy_quantity=override(omit_if_default=True),
-    offer=override(omit_if_default=True),
-    age_s=override(omit_if_default=True),
-)
 _unstructure_failure = _results.get_unstructure_hook(Failure)
 
 
 def _quote_json(quote: RankedQuote) -> dict[str, Any]:
-    """A quote's JSON: one answered as today in today's key order, any other through cattrs."""
-    if quote.offer is not None:
-        return _unstructure_quote(quote)
-    encoded: dict[str, Any] = {
-        "supplier": quote.supplier,
-        "sku": quote.sku,
-        "unit_cents": quote.unit_cents,
-        "shipping_cents": quote.shipping_cents,
-        "stock": quote.stock,
-        "total_cents": quote.total_cents,
-    }
+    """A quote's JSON, written out by hand: it is the bulk of every answer.
+
+    One answered as today has exactly today's keys, in today's order; any
+    other has ``line_cents``, ``buy_quantity`` when it differs from the need,
+    and its ``offer`` (``rate`` and ``rate_date`` only when converted).
+    ``age_s`` comes last, only for a quote from the cache.
+    """
+    offer = quote.offer
+    if offer is None:
+        encoded: dict[str, Any] = {
+            "supplier": quote.supplier,
+            "sku": quote.sku,
+            "unit_cents": quote.unit_cents,
+            "shipping_cents": quote.shipping_cents,
+            "stock": quote.stock,
+            "total_cents": quote.total_cents,
+        }
+    else:
+        shown: dict[str, Any] = {
+            "currency": offer.currency,
+            "unit_price": offer.unit_price,
+            "shipping": offer.shipping,
+        }
+        if offer.rate is not None:
+            shown["rate"] = offer.rate
+            shown["rate_date"] = offer.rate_date
+        encoded = {
+            "supplier": quote.supplier,
+            "sku": quote.sku,
+            "shipping_cents": quote.shipping_cents,
+            "stock": quote.stock,
+            "total_cents": quote.total_cents,
+            "line_cents": quote.line_cents,
+        }
+        if quote.buy_quantity is not None:
+            encoded["buy_quantity"] = quote.buy_quantity
+        encoded["offer"] = shown
     if quote.age_s is not None:
-        encoded["age_s"] = quote.age_s  # a quote from the cache, its age last
+        encoded["age_s"] = quote.age_s
     return encoded
 
 

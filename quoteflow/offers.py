@@ -37,12 +37,18 @@ from quoteflow.models import (
     NO_RATE,
     Failure,
     OfferTerms,
-    PriceBreak,
     RankedQuote,
     ShownOffer,
     SupplierQuote,
 )
-from quoteflow.money import MICROS_PER_MINOR, half_even, minor_unit, text_of_micros, text_of_minor
+from quoteflow.money import (
+    MICROS_PER_MINOR,
+    CrossRate,
+    half_even,
+    minor_unit,
+    text_of_micros,
+    text_of_minor,
+)
 
 
 class Buy(NamedTuple):
@@ -82,17 +88,6 @@ def legal_buy(need: int, stock: int, terms: OfferTerms) -> Buy | None:
     return Buy(best_units, best_micros, best_amount)
 
 
-def terms_of(quote: SupplierQuote, exponent: int) -> OfferTerms:
-    """The terms of a quote in today's shape: its unit price from one unit on."""
-    terms = quote.terms
-    if terms is not None:
-        return terms
-    unit_cents = quote.unit_cents
-    assert unit_cents is not None
-    micros = unit_cents * MICROS_PER_MINOR[exponent]
-    return OfferTerms(currency=None, breaks=(PriceBreak(1, micros),), exponent=exponent)
-
-
 @attrs.frozen
 class Pricing:
     """What prices one request's quotes: its answer currency, the rates, the suppliers' own."""
@@ -124,12 +119,9 @@ class Pricing:
                 if unit_cents * need + quote.shipping_cents > MAX_SUPPLIED_NUMBER:
                     return Failure(quote.supplier, INVALID_DATA)
                 return RankedQuote.for_quantity(quote, need)
-            exponent = minor_unit(offered)
-            assert exponent is not None  # checked where the settings were read
-            terms = terms_of(quote, exponent)
-        else:
-            offered = terms.currency or self.native.get(quote.supplier, currency)
-            exponent = terms.exponent
+            return self._converted_as_given(quote, need, offered)
+        offered = terms.currency or self.native.get(quote.supplier, currency)
+        exponent = terms.exponent
         cross = None
         if offered != currency:
             rates = self.rates
@@ -160,6 +152,44 @@ class Pricing:
                 total_cents=total,
                 age_s=quote.age_s,
             )
+        return self._offered(quote, need, offered, exponent, buy, cross, line, shipping, total)
+
+    def _converted_as_given(
+        self, quote: SupplierQuote, need: int, offered: str
+    ) -> RankedQuote | Failure | None:
+        """A quote in today's shape in another currency: bought as asked, then converted."""
+        rates = self.rates
+        cross = None if rates is None else rates.cross(offered, self.currency)
+        if cross is None:
+            return Failure(quote.supplier, NO_RATE)
+        if quote.stock < need:
+            return None
+        unit_cents = quote.unit_cents
+        assert unit_cents is not None
+        amount = unit_cents * need
+        if amount > MAX_SUPPLIED_NUMBER:
+            return Failure(quote.supplier, INVALID_DATA)
+        line, shipping = cross.convert(amount), cross.convert(quote.shipping_cents)
+        if line + shipping > MAX_SUPPLIED_NUMBER:
+            return Failure(quote.supplier, INVALID_DATA)
+        exponent = minor_unit(offered)
+        assert exponent is not None  # checked where the settings were read
+        buy = Buy(need, unit_cents * MICROS_PER_MINOR[exponent], amount)
+        return self._offered(quote, need, offered, exponent, buy, cross, line, shipping)
+
+    def _offered(
+        self,
+        quote: SupplierQuote,
+        need: int,
+        offered: str,
+        exponent: int,
+        buy: Buy,
+        cross: CrossRate | None,
+        line: int,
+        shipping: int,
+        total: int | None = None,
+    ) -> RankedQuote:
+        """A quote not answered as today: its line, its buy and its offer as given."""
         shown = ShownOffer(
             currency=offered,
             unit_price=text_of_micros(buy.micros),
@@ -172,7 +202,7 @@ class Pricing:
             sku=quote.sku,
             shipping_cents=shipping,
             stock=quote.stock,
-            total_cents=total,
+            total_cents=line + shipping if total is None else total,
             line_cents=line,
             buy_quantity=None if buy.units == need else buy.units,
             offer=shown,
