@@ -111,6 +111,10 @@ class World:
         self.feed: bytes = ecb_xml(dt.date.today(), RATES)
         self.feed_fault: str | None = None
         self.feed_fetches = 0
+        self.asked: list[tuple[str, str]] = []
+        self.delay = 0.0
+        """Seconds each supplier takes to answer."""
+        self.cache_control: str | None = None
         self.url = ""
         self.app = web.Application()
         self.app.router.add_get("/offers/{name}", self._offer)
@@ -118,7 +122,13 @@ class World:
 
     async def _offer(self, request: web.Request) -> web.StreamResponse:
         name, sku = request.match_info["name"], request.query["sku"]
-        return web.json_response({"supplier": name, "sku": sku, **OFFERS[name][sku]})
+        self.asked.append((name, sku))
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        headers = {} if self.cache_control is None else {"Cache-Control": self.cache_control}
+        return web.json_response(
+            {"supplier": name, "sku": sku, **OFFERS[name][sku]}, headers=headers
+        )
 
     async def _feed(self, request: web.Request) -> web.StreamResponse:
         self.feed_fetches += 1
@@ -439,3 +449,43 @@ async def test_the_drawn_bill_carries_each_offers_money(
     drawing = await response.text()
     assert 'class="pick"' in drawing
     assert "data-line-cents=" in drawing
+
+
+async def test_joiners_of_one_call_each_get_their_own_quantity_and_currency(
+    aiohttp_client: AiohttpClient, world: World, tmp_path: Path
+) -> None:
+    """--coalesce shares the supplier call; the legal buy and the conversion stay per request."""
+    world.delay = 0.2
+    client = await start(aiohttp_client, world, tmp_path, coalesce=True)
+    asked = [("RES-1", 7, "USD"), ("RES-1", 100, "GBP"), ("RES-1", 30000, "JPY")]
+    answers = await asyncio.gather(
+        *(quote(client, sku=sku, quantity=min(need, 100), currency=cur) for sku, need, cur in asked)
+    )
+    assert len(world.asked) == len(OFFERS)  # one call per supplier, shared by all three
+    for (sku, need, currency), answer in zip(asked, answers, strict=True):
+        need = min(need, 100)
+        assert answer["currency"] == currency
+        for found in answer["quotes"]:
+            want = price_of(sku, found["supplier"], need, currency, RATES)
+            assert found["total_cents"] == want["total"], (found["supplier"], currency)
+            assert found.get("buy_quantity", need) == want["units"]
+
+
+async def test_a_cached_offer_is_priced_at_todays_rate(
+    aiohttp_client: AiohttpClient, world: World, tmp_path: Path
+) -> None:
+    """The cache keeps the offer as given; a new table reprices it without asking again."""
+    world.cache_control = "max-age=30"
+    client = await start(aiohttp_client, world, tmp_path, cache_size=100, fx_refresh=1)
+    first = await quote(client, sku="KB-001", quantity=10)
+    asked = len(world.asked)
+    world.feed = ecb_xml(dt.date.today(), {**RATES, "USD": "1.3000"})
+    fetched = world.feed_fetches
+    await _until(lambda: world.feed_fetches > fetched, 5)
+    await asyncio.sleep(0.1)
+    second = await quote(client, sku="KB-001", quantity=10)
+    assert len(world.asked) == asked  # every quote from the cache
+    boreal = [next(q for q in r["quotes"] if q["supplier"] == "boreal") for r in (first, second)]
+    assert [q["offer"]["rate"] for q in boreal] == ["1.085", "1.3"]
+    rates = {**RATES, "USD": "1.3000"}
+    assert boreal[1]["total_cents"] == price_of("KB-001", "boreal", 10, "USD", rates)["total"]
