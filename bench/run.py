@@ -22,7 +22,10 @@ per answered request with an outbound rate on every supplier against none,
 single and fleet, and the lab's 429s with and without one. Last, the
 slow-suppliers section (``bench/slow.py``, issue 28): a fresh QuoteFlow with
 its defaults per case, suppliers at 400–500 ms or hanging, closed-loop
-callers in this process, under both event loops.
+callers in this process, under both event loops. Then the offers section
+(``bench/offers.py``, issue 47): the CPU of pricing 200 lines × 8 offers with
+five breaks, a MOQ, a multiple and a foreign currency each, and of the basket
+on such offers.
 
 Output: a table with each target of issue 5 marked met or not met,
 ``bench/results/latest.json`` and PNG plots beside it.
@@ -49,6 +52,7 @@ from bench import (
     fleet,
     hot,
     kinds,
+    offers,
     report,
     slow,
     tails,
@@ -71,6 +75,7 @@ SECTIONS = (
     contracts.NAME,
     carts.NAME,
     tails.NAME,
+    offers.NAME,
 )
 """The sections ``main`` runs, by the name ``--only`` takes (besides the workloads')."""
 
@@ -140,6 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             results[carts.NAME] = carts.run_carts(bench)
         if not options.only or tails.NAME in options.only:
             results[tails.NAME] = tails.run_tails(bench)
+        if not options.only or offers.NAME in options.only:
+            print("offers: pricing and the basket on offers of five breaks each", flush=True)
+            results[offers.NAME] = offers.figures()
         results["explain"] = bench.explain_bills()
         if options.profile:
             results["profile"] = bench.profile()
@@ -188,6 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if tails.NAME in results:
         results["summary"][tails.NAME] = tails.summarize(results[tails.NAME])
         results["summary"]["targets"] += tails.targets(results["summary"][tails.NAME])
+    if offers.NAME in results:
+        results["summary"]["targets"] += offers.targets(results[offers.NAME])
     results["elapsed_s"] = round(time.monotonic() - began, 1)
     options.out_dir.mkdir(parents=True, exist_ok=True)
     out = options.out_dir / "latest.json"

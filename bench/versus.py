@@ -13,11 +13,13 @@ neighbours than throughput does.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -46,12 +48,26 @@ def quoteflow(name: str, root: Path, lab_url: str, logs: Path) -> Service:
     return start(name, [*argv, "--log-level", "warning"], port, logs, cwd=root, env=env)
 
 
+def set_latency(lab_url: str, ms: int) -> None:
+    """Have every supplier of the lab answer after ``ms`` milliseconds."""
+    body = json.dumps({"ms": ms}).encode()
+    request = urllib.request.Request(f"{lab_url}/latency", data=body, method="PUT")
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        answer.read()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the blocks; print each run and the ratios."""
     parser = argparse.ArgumentParser(prog="python -m bench.versus", description=__doc__)
     parser.add_argument("rev", help="the commit to compare against, e.g. main")
     parser.add_argument("--rounds", type=int, default=4, help="A B B A blocks (4)")
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per wrk run (3)")
+    parser.add_argument(
+        "--latency-ms",
+        type=int,
+        default=0,
+        help="every lab supplier answers after this long (0: at once); e.g. 400 for real ones",
+    )
     args = parser.parse_args(argv)
     connections = Limits().inbound
     with tempfile.TemporaryDirectory(prefix="quoteflow-versus-") as scratch:
@@ -60,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         lab_port = free_port()
         lab_argv = [sys.executable, "-m", "provider_lab", "--port", str(lab_port)]
         lab = start("lab", lab_argv, lab_port, work, cwd=ROOT)
+        if args.latency_ms:
+            set_latency(lab.url, args.latency_ms)
         services = {name: quoteflow(name, tree, lab.url, work) for name, tree in trees.items()}
         wrk = find_wrk()
         try:
