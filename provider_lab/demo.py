@@ -17,19 +17,31 @@ foreign dialects (``--dialects``; ``make run`` starts it with docs/suppliers.md'
 three worked suppliers): boreal's price breaks at quantity 1 and 10, a 401
 then success, tokens expiring mid-run, and the token endpoint down and back.
 
-Last, carts (``POST /api/carts``): 50 lines through the first QuoteFlow, a call
+Then carts (``POST /api/carts``): 50 lines through the first QuoteFlow, a call
 per line and supplier; then, against a third QuoteFlow asking the same lab's
 suppliers in its batch dialect (``--batch``; ``make run`` starts it, 20 lines
 a call), the same cart in a few calls, a malformed entry in one of atlas's
 calls (that line alone fails), a batch call of boreal's that 503s once (retried
 with the cart's request id) and a basket that beats each line's best by paying
 each supplier's shipping once.
+
+Last, offers as suppliers quote them, each checked against the lab's price lists
+by docs/api.md's money rule: through the worked suppliers' QuoteFlow (boreal in
+EUR) a ranking that flips when the lab's rates feed changes the USD rate; through
+the batch one (else the first) a need of 7 bought as 10, a price break that makes
+100 cheaper than 90 and a cart line of a 5000-reel at a fifth of a cent each;
+then the rates feed down (QuoteFlow keeps its last good table: the answers do not
+change), stale (``no_rate``) and fixed (quoted again). ``make run``'s QuoteFlows
+fetch the feed every 2 s; before a case asserts what a feed change does, the demo
+waits (a bounded while) until that QuoteFlow has taken it: its answer's rate, or
+its ``/metrics`` (``quoteflow_fx_rates_fresh``, ``quoteflow_fx_refresh_failures``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import itertools
 import math
 import re
@@ -37,14 +49,23 @@ import secrets
 import sys
 import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation, localcontext
 from pathlib import Path
 from typing import Any, Final
 
 import aiohttp
 import attrs
 
-from provider_lab.catalogue import SUPPLIERS, break_price, lookup
+from provider_lab.catalogue import (
+    SUPPLIERS,
+    PriceList,
+    break_price,
+    lookup,
+    price_breaks,
+    price_list,
+)
 from provider_lab.control_client import LabControl, LabError
+from provider_lab.dialects import CURRENCY as JSON_CURRENCY
 from provider_lab.run_pair import CART_QUANTITY, CART_SKUS
 
 Fault = Mapping[str, object]
@@ -74,8 +95,11 @@ class Case:
     """
     focus: str = "boreal"
     """The supplier whose ``stopped`` the table shows."""
-    unit_cents: Mapping[str, int] | None = None
-    """Expected ``unit_cents`` of each quote; exactly these suppliers quote (None: not checked)."""
+    prices: Mapping[str, int | str] | None = None
+    """Expected unit price of each quote; exactly these suppliers quote (None: not checked).
+
+    An integer: the quote's ``unit_cents`` (a quote as today); ``"EUR 9.90"``: the currency
+    and unit price of its ``offer`` (another currency, or a price in fractions of a cent)."""
 
     def needs_retry(self) -> list[str]:
         """Suppliers that must have a retry in QuoteFlow's retry budget for this case."""
@@ -256,7 +280,11 @@ CASES: Final[Sequence[Case]] = (
         variant="float",
     ),
     bad_data("negative unit_cents", "negative money is refused", "negative"),
-    bad_data("extra_key", 'an unexpected "currency" key is refused, not dropped', "extra_key"),
+    bad_data(
+        "extra_key",
+        'an unexpected "warehouse": "FRA-2" key is refused, not dropped',
+        "extra_key",
+    ),
     bad_data("missing_key stock", "a quote without stock is incomplete", "missing_key"),
     bad_data(
         "duplicate_key unit_cents",
@@ -484,6 +512,24 @@ async def breaker_on(session: aiohttp.ClientSession, service_url: str) -> bool:
 
 
 SVG_NS: Final = "{http://www.w3.org/2000/svg}"
+SVG_QUOTE_NUMBERS: Final = (
+    "unit_cents",
+    "line_cents",
+    "buy_quantity",
+    "shipping_cents",
+    "stock",
+    "total_cents",
+)
+"""A quote's integers in its drawing (``unit_cents``, ``line_cents`` and ``buy_quantity``
+only where the answer has them)."""
+SVG_OFFER: Final = (
+    ("currency", "data-offer-currency"),
+    ("unit_price", "data-offer-unit-price"),
+    ("shipping", "data-offer-shipping"),
+    ("rate", "data-rate"),
+    ("rate_date", "data-rate-date"),
+)
+"""A converted or decimal-priced quote's ``offer``, as its drawing carries it."""
 
 
 def answer_from_svg(drawing: str) -> dict[str, Any]:
@@ -509,8 +555,12 @@ def answer_from_svg(drawing: str) -> dict[str, Any]:
                 "supplier": found["data-quote-supplier"],
                 "sku": found["data-sku"],
             }
-            for key in ("unit_cents", "shipping_cents", "stock", "total_cents"):
-                quote[key] = int(found["data-" + key.replace("_", "-")])
+            for key in SVG_QUOTE_NUMBERS:
+                if (value := found.get("data-" + key.replace("_", "-"))) is not None:
+                    quote[key] = int(value)
+            offer = {key: found[name] for key, name in SVG_OFFER if name in found}
+            if offer:
+                quote["offer"] = offer
             quotes.append(quote)
             if found.get("data-best") == "true":
                 best = quote
@@ -613,14 +663,37 @@ async def run_case(
     )
 
 
+def _unit_price(quote: Mapping[str, Any]) -> int | str:
+    """A quote's unit price as ``Case.prices`` has it: ``unit_cents``, else ``"EUR 9.90"``."""
+    if "unit_cents" in quote:
+        cents: int = quote["unit_cents"]
+        return cents
+    offer = quote.get("offer", {})
+    return f"{offer.get('currency')} {offer.get('unit_price')}"
+
+
+def _same_price(quoted: int | str, expected: int | str) -> bool:
+    """Equal prices: the same cents, or the same currency and decimal (``9.9`` is ``9.90``)."""
+    if isinstance(quoted, int) or isinstance(expected, int):
+        return quoted == expected
+    (currency, price), (wanted, at) = quoted.split(" ", 1), expected.split(" ", 1)
+    try:
+        return currency == wanted and Decimal(price) == Decimal(at)
+    except InvalidOperation:
+        return False
+
+
 def _price_problems(case: Case, result: dict[str, Any]) -> list[str]:
     """How ``result``'s quotes differ from the unit prices ``case`` expects."""
-    if case.unit_cents is None:
+    if case.prices is None:
         return []
-    quoted = {quote["supplier"]: quote["unit_cents"] for quote in result.get("quotes", ())}
-    if quoted == dict(case.unit_cents):
+    quoted = {quote["supplier"]: _unit_price(quote) for quote in result.get("quotes", ())}
+    expected = dict(case.prices)
+    if quoted.keys() == expected.keys() and all(
+        _same_price(price, expected[supplier]) for supplier, price in quoted.items()
+    ):
         return []
-    return [f"unit_cents {quoted}, expected {dict(case.unit_cents)}"]
+    return [f"prices {quoted}, expected {expected}"]
 
 
 COLUMNS: Final = ("case", "best", "failures", "attempts a/b/c", "boreal stopped", "ms", "")
@@ -1037,20 +1110,21 @@ AT_10: Final = {"quantity": 10}
 PRICE_BREAKS: Final[Sequence[Case]] = (
     Case(
         "price break at quantity 1",
-        "boreal's break from 1 unit, 11.00 EUR: 1100 cents (atlas 1200, cedar 900); cedar has "
-        "1 in stock and is cheapest",
+        "boreal's break from 1 unit, 11.00 EUR, converted to USD at the lab's rate (atlas 1200 "
+        "cents, cedar 900); cedar has 1 in stock and is cheapest",
         request={"quantity": 1},
         best="cedar",
         attempts=EVERYONE_ONCE,
-        unit_cents={"atlas": 1200, "boreal": 1100, "cedar": 900},
+        prices={"atlas": 1200, "boreal": "EUR 11.00", "cedar": 900},
     ),
     Case(
         "price break at quantity 10",
-        "boreal's adapter took the break from 10, 9.90 EUR: 990 cents; atlas 1200 as at 1; "
+        "boreal's adapter passed its EUR breaks on, QuoteFlow took the one from 10, 9.90 EUR; "
+        "atlas 1200 cents as at 1; "
         "cedar answered, 1 in stock: no quote, no failure",
         request=AT_10,
         attempts=EVERYONE_ONCE,
-        unit_cents={"atlas": 1200, "boreal": 990},
+        prices={"atlas": 1200, "boreal": "EUR 9.90"},
     ),
 )
 
@@ -1116,7 +1190,7 @@ REFUSED: Final = Case(
     "bill, and the quote",
     request=AT_10,
     attempts={"atlas": 1, "boreal": 2, "cedar": 1},
-    unit_cents={"atlas": 1200, "boreal": 990},
+    prices={"atlas": 1200, "boreal": "EUR 9.90"},
 )
 
 
@@ -1165,7 +1239,7 @@ EXPIRING: Final = Case(
     f"came every {REFRESH_S:g} s, refreshed in the background: with time, not with requests",
     request=AT_10,
     attempts=EVERYONE_ONCE,
-    unit_cents={"atlas": 1200, "boreal": 990},
+    prices={"atlas": 1200, "boreal": "EUR 9.90"},
 )
 
 
@@ -1267,7 +1341,7 @@ DOWN: Final = Case(
     best="cedar",
     failures={"boreal": "auth_failed"},
     attempts=EVERYONE_ONCE,
-    unit_cents={"atlas": 1200, "cedar": 900},
+    prices={"atlas": 1200, "cedar": 900},
 )
 BACK: Final = Case(
     "token endpoint back",
@@ -1276,7 +1350,7 @@ BACK: Final = Case(
     request={"quantity": 1},
     best="cedar",
     attempts=EVERYONE_ONCE,
-    unit_cents={"atlas": 1200, "boreal": 1100, "cedar": 900},
+    prices={"atlas": 1200, "boreal": "EUR 11.00", "cedar": 900},
 )
 
 
@@ -1763,6 +1837,505 @@ async def cart_outcomes(
         yield await run(session, lab, batch_url)
 
 
+# -- offers: currencies at dated rates, sub-cent prices, MOQ, multiples, breaks (issue 47) --
+
+OFFERS_LEAD: Final = (
+    "offers, as suppliers quote them: each in its own currency, converted to the answer's "
+    "(USD) at the lab's ECB-format rates (GET /fx/eurofxref-daily.xml, fetched by make run's "
+    "QuoteFlows every 2 s), sub-cent prices, minimum orders, order multiples and price "
+    "breaks; every quote checked against the lab's price lists by docs/api.md's money rule"
+)
+NO_RATES: Final = (
+    "QuoteFlow at {url} reads no rates (make run gives each the lab's: --fx-rates): "
+    "its offer cases are left out."
+)
+ANSWERED_IN: Final = "USD"
+"""The answers' currency: QuoteFlow's ``--currency`` as ``make run`` starts it (the default)."""
+CENT: Final = Decimal("0.01")
+"""The minor unit of every currency the lab's offers are in (USD, EUR)."""
+FX_WITHIN_S: Final = 10.0
+"""How long a QuoteFlow may take to fetch a changed feed: ``make run``'s refresh is 2 s, and a
+failed fetch is retried after 1 s, then 2 (at most the refresh), each ± 20 %."""
+STALE_DAYS: Final = 10
+"""The stale feed's age: past ``--fx-max-age`` (6 days by default)."""
+RATE_UP: Final = "1.3000"
+"""A USD rate at which boreal's euros cost more than atlas's dollars (KB-001 × 10)."""
+REEL_SKU: Final = "RES-0402-10K"
+REEL: Final = 5000
+
+
+@attrs.frozen
+class Priced:
+    """What one offer costs a buyer, by the money rule, in the answer currency's cents."""
+
+    buy: int
+    line_cents: int
+    shipping_cents: int
+
+    @property
+    def total_cents(self) -> int:
+        """The line and the shipping: what the ranking compares."""
+        return self.line_cents + self.shipping_cents
+
+
+def _cents(amount: Decimal, rate_from: Decimal, rate_to: Decimal) -> int:
+    """``amount`` (major units) as invoiced, half-even to the cent, then converted (× ``rate_to``
+    ÷ ``rate_from``, 34 digits) and rounded half-even once: cents of the answer's currency."""
+    with localcontext() as context:
+        context.prec = 34
+        invoiced = amount.quantize(CENT, ROUND_HALF_EVEN)
+        return int((invoiced * rate_to / rate_from * 100).to_integral_value(ROUND_HALF_EVEN))
+
+
+def _priced(listed: PriceList, need: int, rate_from: Decimal, rate_to: Decimal) -> Priced | None:
+    """The cheapest legal buy of ``need`` from ``listed`` (on a tie the smaller), found by
+    trying every legal buy up to its stock; None: none is legal."""
+    least = max(need, listed.moq, listed.breaks[0][0])
+    first = -(-least // listed.multiple) * listed.multiple
+    found: tuple[int, int] | None = None  # (line cents, buy)
+    for buy in range(first, listed.stock + 1, listed.multiple):
+        unit = next(price for start, price in reversed(listed.breaks) if start <= buy)
+        line = _cents(Decimal(unit) * buy, rate_from, rate_to)
+        if found is None or line < found[0]:
+            found = (line, buy)
+    if found is None:
+        return None
+    shipping = listed.shipping
+    amount = Decimal(shipping) if isinstance(shipping, str) else Decimal(shipping) / 100
+    return Priced(found[1], found[0], _cents(amount, rate_from, rate_to))
+
+
+def _listed(supplier: str, sku: str, worked: bool) -> PriceList | None:
+    """``supplier``'s offer for ``sku`` as the QuoteFlow asking it gets it: a price list (the
+    classic and batch dialects), boreal's EUR price breaks (``worked``: the json dialect of
+    docs/suppliers.md's worked suppliers), else one price in USD, as today."""
+    listed = price_list(supplier, sku)
+    if listed is not None:
+        return listed
+    offer = lookup(supplier, sku)
+    if offer is None:
+        return None
+    if worked and supplier == "boreal":
+        breaks = tuple((start, str(Decimal(cents) / 100)) for start, cents in price_breaks(offer))
+        return PriceList(JSON_CURRENCY, breaks, offer.shipping_cents, offer.stock)
+    unit = str(Decimal(offer.unit_cents) / 100)
+    return PriceList(ANSWERED_IN, ((1, unit),), offer.shipping_cents, offer.stock)
+
+
+def expected_offers(
+    sku: str, need: int, rates: Mapping[str, Decimal], worked: bool = False
+) -> dict[str, Priced]:
+    """What QuoteFlow must answer for ``need`` of ``sku`` at ``rates`` (units per euro: the
+    lab's feed), per supplier with a legal buy."""
+    found = {}
+    for supplier in SUPPLIERS:
+        listed = _listed(supplier, sku, worked)
+        if listed is None:
+            continue
+        priced = _priced(listed, need, rates[listed.currency], rates[ANSWERED_IN])
+        if priced is not None:
+            found[supplier] = priced
+    return found
+
+
+async def _lab_rates(lab: LabControl) -> dict[str, Decimal]:
+    """The lab feed's rates now, units per euro (EUR itself 1)."""
+    feed = await lab.fx()
+    return {"EUR": Decimal(1), **{code: Decimal(rate) for code, rate in feed["rates"].items()}}
+
+
+def _offer_problems(
+    quotes: Sequence[Mapping[str, Any]], expected: Mapping[str, Priced], need: int
+) -> list[str]:
+    """How ``quotes`` differ from ``expected``: who quotes, what each buys, and its cents."""
+    got = {quote["supplier"]: quote for quote in quotes}
+    problems = []
+    if set(got) != set(expected):
+        problems.append(f"quotes from {sorted(got)}, expected {sorted(expected)}")
+    for supplier, priced in expected.items():
+        if (quote := got.get(supplier)) is None:
+            continue
+        line = quote.get("line_cents", quote.get("unit_cents", 0) * need)
+        seen = (
+            quote.get("buy_quantity", need),
+            line,
+            quote["shipping_cents"],
+            quote["total_cents"],
+        )
+        wanted = (priced.buy, priced.line_cents, priced.shipping_cents, priced.total_cents)
+        if seen != wanted:
+            problems.append(f"{supplier}: bought, line, shipping, total {seen}, expected {wanted}")
+    return problems
+
+
+def _offer_words(quote: Mapping[str, Any], need: int) -> str:
+    """A quote as a buyer reads it: how many at what price, and what that makes in cents."""
+    offer = quote.get("offer")
+    if offer is None:
+        return (
+            f"{quote['supplier']} {need} x {quote['unit_cents']} + {quote['shipping_cents']} = "
+            f"{quote['total_cents']}"
+        )
+    rate = f" at {offer['rate']} ({offer['rate_date']})" if "rate" in offer else ""
+    return (
+        f"{quote['supplier']} {quote.get('buy_quantity', need)} x {offer['unit_price']} "
+        f"{offer['currency']} + {offer['shipping']}{rate}: {quote['line_cents']} + "
+        f"{quote['shipping_cents']} = {quote['total_cents']}"
+    )
+
+
+def _quotes_words(quotes: Sequence[Mapping[str, Any]], need: int) -> str:
+    return "; ".join(_offer_words(quote, need) for quote in quotes) + " (cents)"
+
+
+def _rate(result: Mapping[str, Any], supplier: str) -> Decimal | None:
+    """The rate ``supplier``'s quote in ``result`` was converted at (None: not converted)."""
+    for quote in result.get("quotes", ()):
+        if quote["supplier"] == supplier and "rate" in quote.get("offer", {}):
+            return Decimal(quote["offer"]["rate"])
+    return None
+
+
+def _quote_of(result: Mapping[str, Any], supplier: str) -> Mapping[str, Any] | None:
+    return next((q for q in result.get("quotes", ()) if q["supplier"] == supplier), None)
+
+
+async def _asked_until(
+    session: aiohttp.ClientSession,
+    service_url: str,
+    done: Callable[[dict[str, Any]], bool],
+    **body: object,
+) -> tuple[float | None, dict[str, Any]]:
+    """Ask every 0.2 s until ``done(answer)``: the seconds it took (None: not within
+    ``FX_WITHIN_S``), and the last answer."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    tag = secrets.token_hex(3)
+    asked = 0
+    while True:
+        result = await _explained(session, service_url, f"offers{asked}-{tag}", **body)
+        if done(result):
+            return loop.time() - began, result
+        if loop.time() - began > FX_WITHIN_S:
+            return None, result
+        asked += 1
+        await asyncio.sleep(0.2)
+
+
+async def _at_the_feeds_rate(
+    session: aiohttp.ClientSession, lab: LabControl, service_url: str, **body: object
+) -> tuple[list[str], dict[str, Any], dict[str, Decimal]]:
+    """Ask until boreal's quote is converted at the feed's USD rate now (QuoteFlow takes a
+    changed feed at its next fetch): a note or a problem, the answer, the feed's rates."""
+    rates = await _lab_rates(lab)
+    usd = rates[ANSWERED_IN]
+    took, result = await _asked_until(
+        session, service_url, lambda r: _rate(r, "boreal") == usd, **body
+    )
+    if took is None:
+        return (
+            [
+                f"boreal's quote was not converted at the feed's USD {usd} within "
+                f"{FX_WITHIN_S:g} s (make run has QuoteFlow fetch the rates every 2 s)"
+            ],
+            result,
+            rates,
+        )
+    return [], result, rates
+
+
+@attrs.frozen
+class FxState:
+    """What a QuoteFlow's ``/metrics`` says of its rates."""
+
+    fresh: float | None
+    """``quoteflow_fx_rates_fresh``: 1 while its table is younger than ``--fx-max-age``
+    (None: it reads no rates)."""
+    failures: float
+    """``quoteflow_fx_refresh_failures_total``, every reason together."""
+
+
+async def fx_state(session: aiohttp.ClientSession, service_url: str) -> FxState:
+    """A QuoteFlow's rates, as its ``/metrics`` has them."""
+    fresh, failures = None, 0.0
+    for line in (await _metric_names(session, service_url)).splitlines():
+        if line.startswith("quoteflow_fx_rates_fresh "):
+            fresh = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("quoteflow_fx_refresh_failures_total"):
+            failures += float(line.rsplit(" ", 1)[1])
+    return FxState(fresh, failures)
+
+
+async def _fx_until(
+    session: aiohttp.ClientSession, service_url: str, done: Callable[[FxState], bool]
+) -> tuple[float | None, FxState]:
+    """Read ``/metrics`` every 0.1 s until ``done``: the seconds it took (None: not within
+    ``FX_WITHIN_S``), and the last state."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    while True:
+        state = await fx_state(session, service_url)
+        if done(state):
+            return loop.time() - began, state
+        if loop.time() - began > FX_WITHIN_S:
+            return None, state
+        await asyncio.sleep(0.1)
+
+
+async def _offer_row(
+    lab: LabControl,
+    case: Case,
+    result: dict[str, Any],
+    problems: list[str],
+    notes: Sequence[str] = (),
+) -> Outcome:
+    await lab.wait_idle()
+    return _row_of(case, result, await lab.attempts(result["request_id"]), problems, notes)
+
+
+RATE_DAY: Final = Case(
+    "KB-001 x 10, USD 1.0850",
+    "through the worked suppliers: boreal quotes in EUR (9.90 from 10, shipping 2.50), "
+    "converted at the feed's rate, its offer shown as given; atlas in USD as today "
+    "(unit_cents); boreal is cheapest",
+    request=AT_10,
+    attempts=EVERYONE_ONCE,
+    prices={"atlas": 1200, "boreal": "EUR 9.90"},
+)
+RATE_FLIPPED: Final = Case(
+    f"KB-001 x 10, USD {RATE_UP}",
+    f'the feed set to USD {RATE_UP} (PUT /fx {{"rates": {{"USD": "{RATE_UP}"}}}}): once '
+    "QuoteFlow fetched it, the same 9.90 EUR cost more dollars and the ranking flipped",
+    request=AT_10,
+    best="atlas",
+    attempts=EVERYONE_ONCE,
+    prices={"atlas": 1200, "boreal": "EUR 9.90"},
+)
+
+
+async def ranking_by_rate(
+    session: aiohttp.ClientSession, lab: LabControl, service_url: str
+) -> list[Outcome]:
+    """KB-001 × 10 at the feed's rates, then with USD at 1.3000: boreal best, then atlas."""
+    await lab.fresh()
+    problems, day, rates = await _at_the_feeds_rate(session, lab, service_url, **AT_10)
+    problems += _offer_problems(day["quotes"], expected_offers("KB-001", 10, rates, True), 10)
+    outcomes = [await _offer_row(lab, RATE_DAY, day, problems, [_quotes_words(day["quotes"], 10)])]
+    loop = asyncio.get_running_loop()
+    await lab.set_fx(rates={"USD": RATE_UP})
+    changed = loop.time()
+    try:
+        problems, flipped, rates = await _at_the_feeds_rate(session, lab, service_url, **AT_10)
+    finally:
+        await lab.reset_fx()
+    took = loop.time() - changed
+    problems += _offer_problems(flipped["quotes"], expected_offers("KB-001", 10, rates, True), 10)
+    notes = [
+        _quotes_words(flipped["quotes"], 10),
+        f"QuoteFlow converted at {_rate(flipped, 'boreal')}, {took:.1f} s after the feed changed",
+    ]
+    outcomes.append(await _offer_row(lab, RATE_FLIPPED, flipped, problems, notes))
+    return outcomes
+
+
+NEED_7: Final = Case(
+    "RES-0402-1K: need 7, buy 10",
+    "0402 resistors at fractions of a cent: atlas sells from 10 in tens (moq, multiple), "
+    "cedar's 10+ break makes 10 cheaper than 7, boreal sells reels of 5000 in EUR: each "
+    "quote buys its cheapest legal quantity (buy_quantity), and cedar's 10 cost least",
+    request={"sku": "RES-0402-1K", "quantity": 7},
+    best="cedar",
+    attempts=EVERYONE_ONCE,
+    prices={"atlas": "USD 0.01", "boreal": "EUR 0.0021", "cedar": "USD 0.012"},
+)
+BREAK_100: Final = Case(
+    "CAP-BULK-1: need 90, buy 100",
+    "atlas's all-units break, 4.00 from 100, makes 100 (400.00) cheaper than 90 at 5.00 "
+    "(450.00): QuoteFlow buys 100; cedar's 90 at 4.60 and 3.00 shipping come second; boreal "
+    "does not sell it",
+    request={"sku": "CAP-BULK-1", "quantity": 90},
+    best="atlas",
+    failures={"boreal": "not_found"},
+    attempts=EVERYONE_ONCE,
+    prices={"atlas": "USD 4.00", "cedar": 460},
+)
+REEL_LINE: Final = Case(
+    f"cart: {REEL_SKU} x {REEL}",
+    f"a cart line of {REEL} resistors: cedar's reel at 0.0019 USD each, a fifth of a cent, "
+    "is 9.50 exactly (line_cents 950, no unit_cents: a unit costs no whole cent), and the "
+    "basket buys it; boreal's 0.0030 EUR converted, atlas's 0.0033",
+    best=None,
+    attempts=None,
+)
+
+
+async def reel_offers(
+    session: aiohttp.ClientSession, lab: LabControl, service_url: str, batch: bool
+) -> list[Outcome]:
+    """A need of 7 bought as 10, 100 cheaper than 90, and a reel as a cart line: the lab's
+    price lists, answered in its batch dialect (``batch``) or in the classic protocol."""
+    await lab.fresh()
+    # boreal's EUR reel: an earlier case's rate may be in this QuoteFlow's table until its
+    # next fetch, so asked until it is the feed's.
+    sku, need = "RES-0402-1K", 7
+    problems, result, rates = await _at_the_feeds_rate(
+        session, lab, service_url, sku=sku, quantity=need
+    )
+    problems += _offer_problems(result["quotes"], expected_offers(sku, need, rates), need)
+    notes = [_quotes_words(result["quotes"], need)]
+    outcomes = [await _offer_row(lab, NEED_7, result, problems, notes)]
+    await lab.fresh()
+    sku, need = "CAP-BULK-1", 90
+    result = await _explained(
+        session, service_url, f"break-{secrets.token_hex(3)}", sku=sku, quantity=need
+    )
+    problems = _offer_problems(result["quotes"], expected_offers(sku, need, rates), need)
+    # The classic protocol answers 404 for a part a supplier does not sell.
+    case = BREAK_100 if batch else attrs.evolve(BREAK_100, failures={"boreal": "http_404"})
+    notes = [_quotes_words(result["quotes"], need)]
+    outcomes.append(await _offer_row(lab, case, result, problems, notes))
+    await lab.fresh()
+    cart_id = f"cart-reel-{secrets.token_hex(3)}"
+    result = await _cart(session, service_url, cart_id, (REEL_SKU,), REEL)
+    await lab.wait_idle()
+    (line,) = result["lines"]
+    expected = expected_offers(REEL_SKU, REEL, rates)
+    problems = _offer_problems(line["quotes"], expected, REEL)
+    cheapest = min(expected, key=lambda supplier: expected[supplier].total_cents)
+    picks = result["basket"]["picks"]
+    if [(p["supplier"], p.get("line_cents"), "unit_cents" in p) for p in picks] != [
+        (cheapest, expected[cheapest].line_cents, False)
+    ]:
+        problems.append(f"the basket's picks {picks}, expected {cheapest}'s line alone")
+    shipping = " + ".join(str(s["shipping_cents"]) for s in result["basket"]["shipping"])
+    notes = [
+        _quotes_words(line["quotes"], REEL),
+        f"the basket: {', '.join(p['supplier'] for p in picks)}'s line_cents "
+        f"{', '.join(str(p.get('line_cents')) for p in picks)} + shipping {shipping} = "
+        f"{result['basket']['total_cents']}",
+    ]
+    attempts = await lab.attempts(result["request_id"])
+    outcomes.append(_cart_row(REEL_LINE, result, attempts, problems, notes))
+    return outcomes
+
+
+FEED_DOWN: Final = Case(
+    "rates feed down: table kept",
+    "the feed answers 503 (PUT /fx, fault down): each fetch fails and is retried with backoff, "
+    "and QuoteFlow keeps its last good table: the same answer. A feed that is down alone "
+    "makes no_rate only for a QuoteFlow with no table yet (started while it is down), or "
+    "once the kept table is older than --fx-max-age (6 days): the next case",
+    request=AT_10,
+    attempts=EVERYONE_ONCE,
+    prices={"atlas": 1200, "boreal": "EUR 9.90"},
+)
+RATES_STALE: Final = Case(
+    "rates stale: no_rate",
+    f"the feed answers again, with a table dated {STALE_DAYS} days ago (fault stale); once "
+    "QuoteFlow fetched it (/metrics: quoteflow_fx_rates_fresh 0), boreal's EUR quote is "
+    "no_rate, never ranked at an old rate: boreal was asked as today, once, and not retried; "
+    "atlas's USD quote needs no rate",
+    request=AT_10,
+    best="atlas",
+    failures={"boreal": "no_rate"},
+    attempts=EVERYONE_ONCE,
+    prices={"atlas": 1200},
+)
+RATES_BACK: Final = Case(
+    "rates back: boreal best again",
+    "the feed fixed (DELETE /fx): at its next fetch QuoteFlow took today's table "
+    "(quoteflow_fx_rates_fresh 1), and boreal's quote is converted, and cheapest, again",
+    request=AT_10,
+    attempts=EVERYONE_ONCE,
+    prices={"atlas": 1200, "boreal": "EUR 9.90"},
+)
+
+
+async def rates_feed_faults(
+    session: aiohttp.ClientSession, lab: LabControl, service_url: str
+) -> list[Outcome]:
+    """The feed down (the last good table kept), then stale (``no_rate``), then fixed."""
+    await lab.fresh()
+    setup, before, rates = await _at_the_feeds_rate(session, lab, service_url, **AT_10)
+    expected = expected_offers("KB-001", 10, rates, worked=True)
+    start = await fx_state(session, service_url)
+    tag = secrets.token_hex(3)
+    outcomes = []
+    try:
+        await lab.set_fx_fault({"kind": "down"})
+        _, state = await _fx_until(session, service_url, lambda s: s.failures >= start.failures + 2)
+        down = await _explained(session, service_url, f"fx-down-{tag}", **AT_10)
+        failed = state.failures - start.failures
+        problems = [*setup, *_offer_problems(down["quotes"], expected, 10)]
+        if failed < 2:
+            problems.append(
+                f"quoteflow_fx_refresh_failures_total rose by {failed:g} in {FX_WITHIN_S:g} s "
+                "of the feed down, expected 2 (a fetch and its retry)"
+            )
+        if state.fresh != 1.0:
+            problems.append(f"quoteflow_fx_rates_fresh {state.fresh} while the table was kept")
+        if _quote_of(down, "boreal") != _quote_of(before, "boreal"):
+            problems.append("boreal's quote changed while the feed was down")
+        served = (await lab.fx())["answers"].get("down", 0)
+        notes = [
+            f"the feed answered {served} fetch{'' if served == 1 else 'es'} 503 (make run's "
+            "QuoteFlows'), this one's quoteflow_fx_refresh_failures_total rose by "
+            f"{failed:g} (retried after about 1 s, then 2), its quoteflow_fx_rates_fresh still 1: "
+            + _quotes_words(down["quotes"], 10)
+            + ", as before"
+        ]
+        outcomes.append(await _offer_row(lab, FEED_DOWN, down, problems, notes))
+        feed = await lab.set_fx(fault={"kind": "stale", "days": STALE_DAYS})
+        dated = dt.date.fromisoformat(feed["date"]) - dt.timedelta(days=STALE_DAYS)
+        took, state = await _fx_until(session, service_url, lambda s: s.fresh == 0.0)
+        stale = await _explained(session, service_url, f"fx-stale-{tag}", **AT_10)
+    finally:
+        await lab.reset_fx()
+    problems = _offer_problems(stale["quotes"], {"atlas": expected["atlas"]}, 10)
+    if took is None:
+        problems.append(
+            f"quoteflow_fx_rates_fresh still {state.fresh} {FX_WITHIN_S:g} s after the feed "
+            "went stale"
+        )
+    notes = [
+        f"QuoteFlow took the table of {dated} {took or 0:.1f} s after the feed changed: "
+        + _quotes_words(stale["quotes"], 10)
+    ]
+    outcomes.append(await _offer_row(lab, RATES_STALE, stale, problems, notes))
+    await lab.fresh()
+    took, state = await _fx_until(session, service_url, lambda s: s.fresh == 1.0)
+    problems, back, rates = await _at_the_feeds_rate(session, lab, service_url, **AT_10)
+    problems += _offer_problems(back["quotes"], expected_offers("KB-001", 10, rates, True), 10)
+    if took is None:
+        problems.append(f"quoteflow_fx_rates_fresh still {state.fresh} after {FX_WITHIN_S:g} s")
+    notes = [
+        f"quoteflow_fx_rates_fresh 1 again {took or 0:.1f} s after the feed was fixed: "
+        + _quotes_words(back["quotes"], 10)
+    ]
+    outcomes.append(await _offer_row(lab, RATES_BACK, back, problems, notes))
+    return outcomes
+
+
+async def offer_outcomes(
+    session: aiohttp.ClientSession,
+    lab: LabControl,
+    reels_url: str | None,
+    batch: bool,
+    rates_url: str | None,
+) -> AsyncIterator[Outcome]:
+    """The lab's price lists through ``reels_url`` (its batch suppliers' QuoteFlow if
+    ``batch``); the rates cases through ``rates_url`` (the worked suppliers', boreal in EUR)."""
+    if rates_url is not None:
+        for outcome in await ranking_by_rate(session, lab, rates_url):
+            yield outcome
+    if reels_url is not None:
+        for outcome in await reel_offers(session, lab, reels_url, batch):
+            yield outcome
+    if rates_url is not None:
+        for outcome in await rates_feed_faults(session, lab, rates_url):
+            yield outcome
+
+
 async def demo(
     service_url: str,
     lab_url: str,
@@ -1813,6 +2386,7 @@ async def demo(
                 )
                 dialects_url = None
             carts = batch_url is not None
+            offers = True
             if batch_url and not await worked_suppliers_at(session, batch_url):
                 missing.append(batch_url)
                 print(NO_BATCH.format(url=batch_url))
@@ -1831,6 +2405,7 @@ async def demo(
             runs = []  # the coalescing and cache cases are written for the lesson's three
             dialects_url = None  # so are the worked suppliers
             carts = False  # and the carts
+            offers = False  # and the offers
         print(_row(["-" * w for w in WIDTHS]))
         for case in cases:
             outcome = await run_case(session, lab, service_url, case, suppliers, svg)
@@ -1856,6 +2431,24 @@ async def demo(
             )
             print(f"{CART_LEAD}; {where}:", flush=True)
             async for outcome in cart_outcomes(session, lab, service_url, batch_url):
+                outcomes.append(outcome)
+                print("\n".join(format_outcome(outcome)), flush=True)
+        if offers:
+            reels_url: str | None = batch_url or service_url
+            for url in dict.fromkeys(u for u in (reels_url, dialects_url) if u):
+                if (await fx_state(session, url)).fresh is None:
+                    print(NO_RATES.format(url=url), flush=True)
+                    reels_url, dialects_url = (
+                        None if reels_url == url else reels_url,
+                        None if dialects_url == url else dialects_url,
+                    )
+            through = [f"the reels through {reels_url}"] if reels_url else []
+            if dialects_url:
+                through.insert(0, f"the rates through the worked suppliers' {dialects_url}")
+            if through:
+                print(f"{OFFERS_LEAD}; {', '.join(through)}:", flush=True)
+            batch = reels_url is not None and reels_url == batch_url
+            async for outcome in offer_outcomes(session, lab, reels_url, batch, dialects_url):
                 outcomes.append(outcome)
                 print("\n".join(format_outcome(outcome)), flush=True)
         await lab.fresh()

@@ -9,7 +9,11 @@ with the lab's two secrets in its environment, and a third QuoteFlow asking
 atlas, boreal and cedar in the lab's batch dialect (docs/suppliers.md's "Batch
 suppliers": up to 20 lines of a cart per call), from a catalogue file written
 for the lab's address too. Those two start once the lab answers, so the first
-token fetch finds the token endpoint up. Waits until all answer ``GET
+token fetch finds the token endpoint up. Every QuoteFlow prices offers in another
+currency at the lab's daily rates in the ECB's format (``--fx-rates``), fetched
+every ``FX_REFRESH_S`` seconds (``--fx-refresh 2``, not the hourly default), so a
+rate changed at the lab's ``/fx`` control, or a stale or failing feed, shows in
+the answers within seconds (``make demo`` does that). Waits until all answer ``GET
 /health``, prints where they are and ready-to-paste ``curl`` lines, and on
 SIGINT/SIGTERM stops the QuoteFlows, then the lab, escalating to SIGKILL after
 a few seconds. If any child dies, the others are stopped too. QuoteFlow is
@@ -121,6 +125,10 @@ CART_QUANTITY: Final = 2
 from atlas (shipping for most, lower unit prices), shipping paid once, it costs less."""
 
 
+FX_REFRESH_S: Final = 2
+"""Seconds between two fetches of the lab's rates by each QuoteFlow (``--fx-refresh``)."""
+
+
 def rates_url(lab_url: str) -> str:
     """The lab's daily exchange rates, in the ECB's format (``GET /fx/eurofxref-daily.xml``)."""
     return f"{lab_url}/fx/eurofxref-daily.xml"
@@ -188,6 +196,10 @@ def _banner(
             f"console       {service_url}/console   (open it in a browser: ask, burst, switch "
             "the lab's faults, every bill drawn as a waterfall)"
         )
+    lines.append(
+        f"rates         {rates_url(lab_url)}   (the ECB's daily format; every QuoteFlow "
+        f"fetches it every {FX_REFRESH_S} s, --fx-refresh {FX_REFRESH_S}; control: {lab_url}/fx)"
+    )
     if dialects_url is not None:
         lines.append(
             f"QuoteFlow     {dialects_url}   (docs/suppliers.md's worked suppliers: "
@@ -216,13 +228,17 @@ def _banner(
     if dialects_url is not None:
         ten = '{"quantity":10}'
         lines += [
-            "and, to try the worked suppliers (quantity 10: boreal's price break, unit_cents 990;",
+            "and, to try the worked suppliers (quantity 10: boreal's price break, 9.90 EUR, in USD "
+            "at the lab's rate;",
             "after the lab revokes every token, boreal's attempts in the bill: a 401, then a 200):",
             f"  curl -s -X POST {dialects_url}/api/quotes "
             f"-H 'Content-Type: application/json' -d '{ten}'",
             f"  curl -s -X DELETE {lab_url}/oauth2/tokens",
             f"  curl -s -X POST '{dialects_url}/api/quotes?explain=1' "
             f"-H 'Content-Type: application/json' -d '{ten}'",
+            f"and, to see the ranking flip with the rate (boreal's euros dearer: atlas best, "
+            f"within {FX_REFRESH_S} s; DELETE undoes it):",
+            f'  curl -s -X PUT {lab_url}/fx -d \'{{"rates": {{"USD": "1.3000"}}}}\'',
         ]
     if batch_url is not None:
         lines += [
@@ -273,9 +289,9 @@ async def run(
     async def quoteflow(
         port: int, *args: str, env: dict[str, str] | None = None
     ) -> asyncio.subprocess.Process:
-        # Every QuoteFlow prices foreign offers at the lab's ECB-format rates
-        # (its own flags, after these, may name others).
-        rates = ("--fx-rates", rates_url(lab_url))
+        # Every QuoteFlow prices foreign offers at the lab's ECB-format rates, fetched
+        # every FX_REFRESH_S seconds (its own flags, after these, may say otherwise).
+        rates = ("--fx-rates", rates_url(lab_url), "--fx-refresh", str(FX_REFRESH_S))
         return await asyncio.create_subprocess_exec(
             python, "-m", "quoteflow", "--host", host, "--port", str(port), *rates, *args, env=env
         )

@@ -258,6 +258,17 @@ async def test_demo_shows_every_case_as_expected(running_pair: Running) -> None:
         "basket beats each line's best",
     ):
         assert case in text
+    for case in (
+        "KB-001 x 10, USD 1.0850 ",
+        "KB-001 x 10, USD 1.3000 ",
+        "RES-0402-1K: need 7, buy 10 ",
+        "CAP-BULK-1: need 90, buy 100 ",
+        "cart: RES-0402-10K x 5000 ",
+        "rates feed down: table kept ",
+        "rates stale: no_rate ",
+        "rates back: boreal best again ",
+    ):
+        assert case in text
     assert "50/50/50" in text  # the classic cart: a call per line and supplier
     assert "atlas 20+20+10, boreal 20+20+10, cedar 20+20+10" in text
     running_pair.process.send_signal(signal.SIGTERM)
