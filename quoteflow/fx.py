@@ -305,9 +305,12 @@ class RatesFeed:
             table = parse_ecb(bytes(body))
         except RatesError as exc:
             return self._failed("malformed", str(exc))
+        before = self.rates.table
         self.rates.use(table)
         self.fetches += 1
-        log_event(log, logging.INFO, "fx_refreshed", {"date": table.date.isoformat()})
+        # A new day's table is news; the same table fetched again is not.
+        level = logging.DEBUG if before is not None and before.date == table.date else logging.INFO
+        log_event(log, level, "fx_refreshed", {"date": table.date.isoformat()})
         return True
 
     def _failed(self, reason: str, detail: str) -> bool:
