@@ -256,7 +256,12 @@ class RatesFeed:
     async def running(self, _: object = None) -> AsyncIterator[None]:
         """A ``cleanup_ctx``: the first fetch (waited for briefly), then the refresh loop."""
         session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self.timeout),
+            # The whole fetch is bounded by asyncio.timeout in ``fetch``; these only
+            # name a stalled connect or read as such (never ClientTimeout's total,
+            # which can swallow a cancellation: CONTRACT.md section 8).
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=self.timeout, sock_read=self.timeout
+            ),
             trust_env=False,
             connector=aiohttp.TCPConnector(limit=1, force_close=True),
         )
@@ -268,7 +273,9 @@ class RatesFeed:
                     await first.wait()
             yield
         finally:
-            task.cancel()
+            while not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=1.0)
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             await session.close()
@@ -288,16 +295,17 @@ class RatesFeed:
 
     async def fetch(self, session: aiohttp.ClientSession) -> bool:
         """One fetch; True if a table was taken. Every failure is logged and counted."""
+        body = bytearray()
         try:
-            async with session.get(self.url, allow_redirects=False) as response:
-                if response.status != 200:
-                    return self._failed("http", f"HTTP {response.status}")
-                body = bytearray()
-                async for chunk in response.content.iter_any():
-                    body += chunk
-                    if len(body) > MAX_FEED_BYTES:
-                        return self._failed("malformed", f"over {MAX_FEED_BYTES} bytes")
-        except TimeoutError:
+            async with asyncio.timeout(self.timeout):
+                async with session.get(self.url, allow_redirects=False) as response:
+                    if response.status != 200:
+                        return self._failed("http", f"HTTP {response.status}")
+                    async for chunk in response.content.iter_any():
+                        body += chunk
+                        if len(body) > MAX_FEED_BYTES:
+                            return self._failed("malformed", f"over {MAX_FEED_BYTES} bytes")
+        except TimeoutError:  # asyncio.timeout's, or a stalled socket's (both TimeoutError)
             return self._failed("timeout", f"no answer in {self.timeout} s")
         except aiohttp.ClientError as exc:
             return self._failed("transport", type(exc).__name__)

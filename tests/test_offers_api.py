@@ -23,6 +23,7 @@ from pytest_aiohttp import AiohttpClient, AiohttpServer
 
 from quoteflow.app import create_app
 from quoteflow.config import Settings
+from quoteflow.fx import FIRST_FETCH_WAIT
 from quoteflow.options import load_catalogue
 from tests.catalogue_fakes import write_catalogue
 from tests.conftest import StartQuoteFlow
@@ -489,3 +490,19 @@ async def test_a_cached_offer_is_priced_at_todays_rate(
     assert [q["offer"]["rate"] for q in boreal] == ["1.085", "1.3"]
     rates = {**RATES, "USD": "1.3000"}
     assert boreal[1]["total_cents"] == price_of("KB-001", "boreal", 10, "USD", rates)["total"]
+
+
+async def test_a_feed_that_hangs_at_start_delays_start_up_briefly_and_nothing_after(
+    aiohttp_client: AiohttpClient, world: World, tmp_path: Path
+) -> None:
+    """Start-up waits for the first fetch at most FIRST_FETCH_WAIT; then no_rate, at once."""
+    world.feed_fault = "hang"
+    began = time.monotonic()
+    client = await start(aiohttp_client, world, tmp_path)
+    assert time.monotonic() - began < FIRST_FETCH_WAIT + 1.5
+    result = await quote(client, sku="KB-001", quantity=10)
+    assert {f["code"] for f in result["failures"]} == {"no_rate"}
+    assert result["elapsed_ms"] < 400
+    stopping = time.monotonic()
+    await client.close()  # the fetch still hangs: shutting down cancels it
+    assert time.monotonic() - stopping < 2
