@@ -152,7 +152,7 @@ class Pricing:
                 total_cents=total,
                 age_s=quote.age_s,
             )
-        return self._offered(quote, need, offered, exponent, buy, cross, line, shipping, total)
+        return self._offered(quote, need, offered, exponent, buy, cross, line, shipping)
 
     def _converted_as_given(
         self, quote: SupplierQuote, need: int, offered: str
@@ -187,7 +187,6 @@ class Pricing:
         cross: CrossRate | None,
         line: int,
         shipping: int,
-        total: int | None = None,
     ) -> RankedQuote:
         """A quote not answered as today: its line, its buy and its offer as given."""
         shown = ShownOffer(
@@ -202,7 +201,7 @@ class Pricing:
             sku=quote.sku,
             shipping_cents=shipping,
             stock=quote.stock,
-            total_cents=line + shipping if total is None else total,
+            total_cents=line + shipping,
             line_cents=line,
             buy_quantity=None if buy.units == need else buy.units,
             offer=shown,
