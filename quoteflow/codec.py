@@ -10,6 +10,7 @@ unknown key is an error.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, Final, NoReturn
 
@@ -169,12 +170,20 @@ def _sku(value: Any, _: type) -> str:
     return value
 
 
-def _quantity(value: Any, _: type) -> int:
-    if type(value) is not int:
-        raise _wrong_type(value, "an integer")
-    if not 1 <= value <= MAX_QUANTITY:
-        raise ValueError(f"must be from 1 to {MAX_QUANTITY}, got {value}")
-    return value
+def _whole_number(low: int, high: int, shown: str = "") -> Callable[[Any, type], int]:
+    """A hook for an integer from ``low`` to ``high`` (``shown`` names ``high`` in errors)."""
+
+    def check(value: Any, _: type) -> int:
+        if type(value) is not int:
+            raise _wrong_type(value, "an integer")
+        if not low <= value <= high:
+            raise ValueError(f"must be from {low} to {shown or high}, got {value}")
+        return value
+
+    return check
+
+
+_quantity = _whole_number(1, MAX_QUANTITY)
 
 
 def _scenario(value: Any, _: type) -> str:
@@ -308,12 +317,7 @@ def _cart_line(raw: Any, index: int, errors: list[FieldError]) -> CartLine | Non
     return CartLine(values["sku"], values["quantity"])
 
 
-def _line_quantity(value: Any, _: type) -> int:
-    if type(value) is not int:
-        raise _wrong_type(value, "an integer")
-    if not 1 <= value <= MAX_LINE_QUANTITY:
-        raise ValueError(f"must be from 1 to {MAX_LINE_QUANTITY}, got {value}")
-    return value
+_line_quantity = _whole_number(1, MAX_LINE_QUANTITY)
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
@@ -361,7 +365,6 @@ _structure_quote = make_dict_structure_fn(
 """Today's five keys: the path nearly every answer takes, as fast as before offers."""
 
 
-
 def _today(obj: dict[str, Any]) -> SupplierQuote | None:
     """A quote of exactly today's five valid keys, or None: then it is read as an offer.
 
@@ -374,16 +377,10 @@ def _today(obj: dict[str, Any]) -> SupplierQuote | None:
         return None
     return None if quote.unit_cents is None else quote
 
+
 MAX_OFFER_COUNT: Final = 10**9
 """The largest ``moq`` or ``multiple`` a supplier may state."""
-
-
-def _offer_count(value: Any, _: type) -> int:
-    if type(value) is not int:
-        raise _wrong_type(value, "an integer")
-    if not 1 <= value <= MAX_OFFER_COUNT:
-        raise ValueError(f"must be from 1 to 10**9, got {value}")
-    return value
+_offer_count = _whole_number(1, MAX_OFFER_COUNT, "10**9")
 
 
 def _price_text(value: Any, _: type) -> int:
