@@ -49,7 +49,14 @@ from quoteflow.models import (
     SupplierQuote,
     SupplierTrace,
 )
-from quoteflow.money import MICROS_PER_MINOR, micros_of_decimal, micros_of_text, minor_unit
+from quoteflow.money import (
+    MICROS_PER_MINOR,
+    micros_of_decimal,
+    micros_of_text,
+    minor_unit,
+    text_of_micros,
+    text_of_minor,
+)
 
 # -- JSON text -----------------------------------------------------------------
 
@@ -686,8 +693,9 @@ def _quote_json(quote: RankedQuote) -> dict[str, Any]:
     else:
         shown: dict[str, Any] = {
             "currency": offer.currency,
-            "unit_price": offer.unit_price,
-            "shipping": offer.shipping,
+            # Money becomes text here only, as decimal strings in the offer's currency.
+            "unit_price": text_of_micros(offer.unit_micros),
+            "shipping": text_of_minor(offer.shipping, offer.exponent),
         }
         if offer.rate is not None:
             shown["rate"] = offer.rate

@@ -171,12 +171,15 @@ class SupplierQuote:
 
 @attrs.define(kw_only=True)
 class ShownOffer:
-    """A converted or otherwise priced offer as the supplier gave it, for the answer."""
+    """A quote's offer as the supplier gave it, for the answer (written as text by ``codec``)."""
 
     currency: str
-    unit_price: str
-    """The break used, a decimal string in the offer's major units."""
-    shipping: str
+    unit_micros: int
+    """The unit price of the break used, in millionths of the major unit."""
+    shipping: int
+    """Shipping in the offer currency's minor units."""
+    exponent: int
+    """The offer currency's minor-unit digits: how many places its amounts are written with."""
     rate: str | None = None
     """Answer-currency units per offer-currency unit, 10 significant digits; only when converted."""
     rate_date: str | None = None

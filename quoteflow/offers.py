@@ -46,8 +46,6 @@ from quoteflow.money import (
     CrossRate,
     half_even,
     minor_unit,
-    text_of_micros,
-    text_of_minor,
 )
 
 
@@ -191,8 +189,9 @@ class Pricing:
         """A quote not answered as today: its line, its buy and its offer as given."""
         shown = ShownOffer(
             currency=offered,
-            unit_price=text_of_micros(buy.micros),
-            shipping=text_of_minor(quote.shipping_cents, exponent),
+            unit_micros=buy.micros,
+            shipping=quote.shipping_cents,
+            exponent=exponent,
             rate=None if cross is None else cross.shown,
             rate_date=None if cross is None else cross.date,
         )

@@ -210,10 +210,10 @@ def test_a_euro_offer_is_converted_line_and_shipping_apart() -> None:
     assert priced.total_cents == priced.line_cents + priced.shipping_cents
     assert priced.buy_quantity is None
     assert priced.offer is not None
-    assert (priced.offer.currency, priced.offer.unit_price, priced.offer.shipping) == (
+    assert (priced.offer.currency, priced.offer.unit_micros, priced.offer.shipping) == (
         "EUR",
-        "9.90",
-        "3.00",
+        9_900_000,
+        300,
     )
     assert priced.offer.rate == "1.085"
     assert priced.offer.rate_date == dt.date.today().isoformat()
@@ -253,7 +253,7 @@ def test_sub_cent_prices_round_per_line() -> None:
     assert isinstance(priced, RankedQuote)
     assert (priced.buy_quantity, priced.line_cents, priced.total_cents) == (10, 3, 3)
     assert priced.offer is not None
-    assert priced.offer.unit_price == "0.0034"
+    assert priced.offer.unit_micros == 3400
     assert priced.offer.rate is None
 
 
