@@ -172,7 +172,7 @@ class Rates:
 
     def cross(self, offered: str, answered: str) -> CrossRate | None:
         """How to convert ``offered`` minor units to ``answered``'s; None: no fresh rate."""
-        if not self.fresh():
+        if self.table is None or self._clock() >= self._stale_at:  # fresh(), inlined
             return None
         key = (offered, answered)
         try:
