@@ -11,7 +11,7 @@ import asyncio
 import datetime as dt
 import itertools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -116,6 +116,8 @@ class World:
         self.delay = 0.0
         """Seconds each supplier takes to answer."""
         self.cache_control: str | None = None
+        self.released = asyncio.Event()
+        """Set when the test ends: a hanging feed answer lets go, so the server stops at once."""
         self.url = ""
         self.app = web.Application()
         self.app.router.add_get("/offers/{name}", self._offer)
@@ -134,7 +136,7 @@ class World:
     async def _feed(self, request: web.Request) -> web.StreamResponse:
         self.feed_fetches += 1
         if self.feed_fault == "hang":
-            await asyncio.sleep(3600)
+            await self.released.wait()
         if self.feed_fault == "down":
             return web.Response(status=503)
         if self.feed_fault == "cut":
@@ -148,11 +150,12 @@ class World:
 
 
 @pytest.fixture
-async def world(aiohttp_server: AiohttpServer) -> World:
+async def world(aiohttp_server: AiohttpServer) -> AsyncIterator[World]:
     found = World()
     server = await aiohttp_server(found.app)
     found.url = str(server.make_url("")).rstrip("/")
-    return found
+    yield found
+    found.released.set()
 
 
 async def start(
