@@ -5,7 +5,7 @@ The supplier decides, in the ``Cache-Control`` header of its 200 answer
 serving many callers:
 
     no-store, no-cache, private, no max-age   never stored (nor an answer with Vary:
-                                              ``supplier.py`` leaves its Cache-Control out)
+                                              ``wire.py`` leaves its Cache-Control out)
     max-age=S (s-maxage=S wins when present)  reused for S seconds (at most --cache-max-age)
     stale-if-error=E                          then, for E more seconds (same cap), it may
                                               stand in when the supplier fails: timeout,

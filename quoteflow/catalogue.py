@@ -185,7 +185,7 @@ leaves 3.6 % even unbounded."""
 
 @attrs.frozen
 class Hedge:
-    """When a supplier's late first attempt is joined by a second (``supplier.py``)."""
+    """When a supplier's late first attempt is joined by a second (``hedging.py``)."""
 
     percentile: float | None = HEDGE_PERCENTILE
     """After this percentile of its recent answer times (never under 20 ms)..."""

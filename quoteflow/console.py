@@ -22,7 +22,7 @@ The forwarding has a ``ClientSession`` of its own, opened only with
 ``--console-lab``: the lab is not a supplier, and its calls must never take
 a connection from the suppliers' pool. Each call has a total time limit and
 its answer is read whole inside ``async with``, so no socket outlives it.
-This is the one place outside ``supplier.py`` that catches aiohttp's client
+This is the one place outside ``wire.py`` that catches aiohttp's client
 errors: a lab that is down is the console's 502, not a supplier failure.
 """
 

@@ -15,7 +15,7 @@
     ConfigError                a setting or file QuoteFlow cannot run with: one line,
                                exit 2 at start-up; on reload the old file is kept
 
-Supplier trouble never leaves ``supplier.py`` as an exception: there it becomes
+Supplier trouble never leaves ``wire.py`` and ``supplier.py`` as an exception: there it becomes
 an ordinary *result*, a failure code listed in the answer.
 Anything else that escapes — ``RuntimeError``, ``TypeError``, ... — is a bug
 in QuoteFlow and becomes a 500 at the HTTP edge, after every slot and task has

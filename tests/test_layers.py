@@ -38,6 +38,11 @@ LAYERS = [
     "basket",
     "breaker",
     "supplier",
+    "batch_calls",
+    "hedging",
+    "waits",
+    "wire",
+    "calls",
     "tokens",
     "fleet",
     "pauses",
@@ -137,6 +142,25 @@ def test_package_modules_keep_to_their_size(package: str) -> None:
     most = MODULE_LINES_MOST[package]
     sizes = {path.name: len(path.read_text().splitlines()) for path in _files(package)}
     assert {name: size for name, size in sizes.items() if size > most} == {}
+
+
+SUPPLIER_LINES_MOST = 600
+CLIENT_LINES_MOST = 400
+"""``supplier.py`` and its ``SupplierClient``: the attempt loop alone, the rest in rooms of
+their own (``hedging``, ``wire``, ``calls``, ``waits``, ``batch_calls``; issue 48)."""
+
+
+def test_the_supplier_client_keeps_to_its_size() -> None:
+    """A reader looking for the hedge, the wire or a batch call opens one file, not all."""
+    source = (ROOT / "supplier.py").read_text()
+    assert len(source.splitlines()) <= SUPPLIER_LINES_MOST
+    (client,) = [
+        node
+        for node in ast.parse(source).body
+        if isinstance(node, ast.ClassDef) and node.name == "SupplierClient"
+    ]
+    assert client.end_lineno is not None
+    assert client.end_lineno - client.lineno + 1 <= CLIENT_LINES_MOST
 
 
 def test_service_does_not_know_aiohttp() -> None:

@@ -704,7 +704,7 @@ async def test_a_closed_loop_at_the_slots_capacity_gets_whole_answers_not_split_
     slots free up: the callers take turns, one answer whole, the other given
     up whole at once, never a request split between its suppliers. (Where
     the edge falls exactly at the release, as with the lab in ``python -m
-    bench.slow --case all400``, ``supplier.SLOT_MARGIN`` keeps it so; here,
+    bench.slow --case all400``, ``calls.SLOT_MARGIN`` keeps it so; here,
     on one loop with the fakes, it holds with or without the margin.)
     """
     client = await quoteflow(inbound_limit=2, breaker_failures=0)
