@@ -38,7 +38,13 @@ from quoteflow.models import (
     SupplierQuote,
     SupplierTrace,
 )
-from quoteflow.retry import CUT_MEMORY, AnswerTimes, AttemptTimeEstimate, RetryLimiter
+from quoteflow.retry import (
+    CUT_MEMORY,
+    AnswerTimes,
+    AttemptTimeEstimate,
+    HedgeLimiter,
+    RetryLimiter,
+)
 from quoteflow.slots import OutboundLimiter
 from quoteflow.templates import Shaped
 from quoteflow.tokens import TokenKeeper
@@ -192,9 +198,12 @@ class SupplierState:
         self.tokens: TokenKeeper | None = None
         """The OAuth2 token of a supplier with an ``oauth2`` client (set by ``SupplierClient``)."""
         self.hedge = supplier.hedge if supplier.batch is None else None
-        """When a late first attempt is joined by the second (``_hedged``); None: never."""
+        """When a late first attempt is joined by the second (``hedging.py``); None: never."""
         self.answer_times = (answer_times or AnswerTimes()) if self.hedge is not None else None
         """Recent answer times, for a percentile's hedge delay (kept across a reload)."""
+        self.hedge_budget: HedgeLimiter | None = None
+        """Its hedge tokens, while it is hedged (set by ``SupplierClient``, kept across a
+        reload that keeps its ``burst``)."""
         self.item_rate = supplier.batch is not None and supplier.batch.rate_unit == "item"
         """Its ``rate`` counts lines, not calls (``[supplier.batch] rate_unit = "item"``)."""
         self.told_too_large = False

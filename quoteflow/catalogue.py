@@ -183,6 +183,13 @@ run; the 0.7's runs 96.6–98.0 %). Finagle's habitual p90 (about 630 ms)
 leaves 3.6 % even unbounded."""
 
 
+HEDGE_EARN = 0.2
+"""A hedge token earned per successful attempt by default: Cloud Pub/Sub's publisher's
+rate, which bounds hedges to a fifth of a healthy supplier's calls."""
+HEDGE_BURST = 10
+"""Hedge tokens a supplier may save up by default (full at start)."""
+
+
 @attrs.frozen
 class Hedge:
     """When a supplier's late first attempt is joined by a second (``hedging.py``)."""
@@ -191,6 +198,10 @@ class Hedge:
     """After this percentile of its recent answer times (never under 20 ms)..."""
     delay: float | None = None
     """...or after this many seconds, fixed."""
+    earn: float = HEDGE_EARN
+    """Hedge tokens earned by each attempt sent to it that brought a valid quote."""
+    burst: int = HEDGE_BURST
+    """Hedge tokens it may save up (the bucket is full at start)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -287,7 +298,14 @@ class Catalogue:
 
 def default_hedge(settings: Settings) -> Hedge | None:
     """A supplier's hedging unless its entry says: ``--hedge``'s, at the default percentile."""
-    return Hedge() if settings.hedge else None
+    return hedge_of(settings) if settings.hedge else None
+
+
+def hedge_of(settings: Settings, **keys: Any) -> Hedge:
+    """A hedge with ``--hedge-earn`` and ``--hedge-burst`` unless ``keys`` say otherwise."""
+    keys.setdefault("earn", settings.hedge_earn)
+    keys.setdefault("burst", settings.hedge_burst)
+    return Hedge(**keys)
 
 
 def default_share(settings: Settings, count: int) -> int:
@@ -311,7 +329,7 @@ def default_catalogue(settings: Settings) -> Catalogue:
                 read_timeout=settings.read_timeout,
                 breaker_failures=settings.breaker_failures,
                 retry_budget_capacity=settings.retry_budget_capacity,
-                hedge=Hedge() if settings.hedge else None,
+                hedge=default_hedge(settings),
                 currency=settings.currency,
             )
             for name in LAB_SUPPLIERS
@@ -429,7 +447,7 @@ class _Reader:
             shown_url=None if shape is None else shape.shown_origin + shape.path.render(_BRACED)[1],
             rate=rate,
             batch=batch,
-            hedge=self.hedge(table["hedge"], batch)
+            hedge=self.hedge(table["hedge"], batch, settings)
             if "hedge" in table
             else default_hedge(settings),
             currency=self.currency(table.get("currency", settings.currency)),
@@ -480,30 +498,52 @@ class _Reader:
             has_body=body is not None,
         )
 
-    def hedge(self, value: object, batch: BatchSpec | None) -> Hedge | None:
-        """``hedge = true | false``, or ``{ percentile = 0.7 }`` or ``{ delay = 0.3 }``."""
+    def hedge(self, value: object, batch: BatchSpec | None, settings: Settings) -> Hedge | None:
+        """``hedge = true | false``, or ``{ percentile = 0.7 }`` or ``{ delay = 0.3 }``.
+
+        A table may add ``earn`` (0 < earn <= 1) and ``burst`` (1 to 1000): its
+        hedge bucket's (``retry.HedgeBudget``); else ``--hedge-earn``/``--hedge-burst``.
+        """
         if value is False:
             return None
         if batch is not None:
             self.fail("a batch supplier's calls are not hedged", "hedge")
         if value is True:
-            return Hedge()
-        if (
-            not isinstance(value, dict)
-            or len(value) != 1
-            or not {"percentile", "delay"} >= set(value)
-        ):
-            self.fail("must be true, false, { percentile = P } or { delay = SECONDS }", "hedge")
-        ((key, number),) = value.items()
-        if type(number) not in (int, float) or not math.isfinite(number):
-            self.fail("must be a number", f"hedge.{key}")
-        if key == "percentile":
-            if not 0 < number < 1:
+            return hedge_of(settings)
+        if not isinstance(value, dict) or not set(value) <= {
+            "percentile",
+            "delay",
+            "earn",
+            "burst",
+        }:
+            self.fail(
+                "must be true, false, or a table of percentile or delay, earn and burst", "hedge"
+            )
+        when = [key for key in ("percentile", "delay") if key in value]
+        if len(when) != 1:
+            self.fail("must have exactly one of percentile = P or delay = SECONDS", "hedge")
+        keys: dict[str, Any] = {}
+        for key in value:
+            number = value[key]
+            if type(number) not in (int, float) or not math.isfinite(number):
+                self.fail("must be a number", f"hedge.{key}")
+        if "percentile" in value:
+            if not 0 < value["percentile"] < 1:
                 self.fail("must be between 0 and 1 (0.7: the 70th percentile)", "hedge.percentile")
-            return Hedge(percentile=float(number))
-        if not 0.02 <= number <= 60:
-            self.fail("must be from 0.02 to 60 seconds", "hedge.delay")
-        return Hedge(percentile=None, delay=float(number))
+            keys["percentile"] = float(value["percentile"])
+        else:
+            if not 0.02 <= value["delay"] <= 60:
+                self.fail("must be from 0.02 to 60 seconds", "hedge.delay")
+            keys["percentile"], keys["delay"] = None, float(value["delay"])
+        if "earn" in value:
+            if not 0 < value["earn"] <= 1:
+                self.fail("must be more than 0 and at most 1 (tokens per success)", "hedge.earn")
+            keys["earn"] = float(value["earn"])
+        if "burst" in value:
+            if type(value["burst"]) is not int or not 1 <= value["burst"] <= 1000:
+                self.fail("must be a whole number from 1 to 1000", "hedge.burst")
+            keys["burst"] = value["burst"]
+        return hedge_of(settings, **keys)
 
     def rate(self, value: object) -> Rate:
         """``"20/1s"``: the callers' file's syntax and meaning (GCRA, a burst of the quota)."""

@@ -828,6 +828,8 @@ def _bill(trace: SupplierTrace, admitted_at: float, deadline: float) -> dict[str
         bill["probe"] = True
     if trace.won is not None:
         bill["won"] = trace.won  # a hedged call: whose quote came first
+    if trace.hedge_refused is not None:
+        bill["hedge_refused"] = trace.hedge_refused  # the delay asked; why none went
     # Present only when coalescing or the cache had a hand in the outcome.
     if trace.joined is not None:
         bill["joined"] = trace.joined

@@ -78,6 +78,10 @@ class Settings:
     hedge: bool = False
     """Hedge every supplier whose catalogue entry has no ``hedge`` key of its own: a first
     attempt late past a percentile of its answer times is joined by the second."""
+    hedge_earn: float = attrs.field(default=0.2, validator=[v.gt(0), v.le(1)])
+    """Hedge tokens a supplier earns per successful attempt, unless its ``hedge`` table says."""
+    hedge_burst: int = attrs.field(default=10, validator=[v.ge(1), v.le(1000)])
+    """Hedge tokens a supplier may save up (full at start), unless its ``hedge`` table says."""
     backoff_min: float = attrs.field(default=0.020, validator=v.ge(0))
     backoff_max: float = attrs.field(default=0.030, validator=v.ge(0))
     min_attempt_time: float = attrs.field(default=0.05, validator=v.ge(0))

@@ -11,7 +11,10 @@ back); a failure waits for the other, and if both fail the later code stands.
 A hedge is never a third attempt on the wire.
 
 A hedge never waits for anything: a free slot within the supplier's share, a
-turn of its rate and a token must be there at once, or no hedge goes.
+turn of its rate and a hedge token must be there at once, or no hedge goes.
+Hedge tokens are a bucket of their own (``retry.HedgeBudget``), earned by the
+supplier's successful attempts; a hedge never spends a retry token, but an
+empty retry budget (the supplier failing) still stops hedging.
 """
 
 from __future__ import annotations
@@ -28,6 +31,15 @@ from quoteflow.pauses import Pauses
 from quoteflow.rates import Turns
 from quoteflow.retry import HEDGE_FLOOR, HEDGE_TAIL
 from quoteflow.slots import OutboundLimiter
+
+NOT_LATE = "not_late"
+"""A percentile's hedge the supplier's tail does not call for: not asked, not refused."""
+NO_TOKEN = "no_token"
+NO_SLOT = "no_slot"
+NO_TURN = "no_turn"
+NO_TIME = "no_time"
+REFUSALS = (NO_TOKEN, NO_SLOT, NO_TURN, NO_TIME)
+"""Why a hedge the delay asked for did not go (``quoteflow_hedges_refused_total``)."""
 
 
 @attrs.define
@@ -82,7 +94,12 @@ class Hedging:
             if not first.done():
                 late = race.sent_at + delay - time.monotonic()
                 await asyncio.wait((first,), timeout=max(0.0, late))
-            if first.done() or not self.may_hedge(state, call, trace, race.sent_at):
+            if first.done():
+                return await first
+            refused = self.refusal(state, call, trace, race.sent_at)
+            if refused is not None:
+                if refused != NOT_LATE:
+                    trace.hedge_refused = refused  # the delay asked, and this is why none went
                 return await first
             trace.hedged = True
             second = asyncio.create_task(attempt(state, call, trace, 2, race, hedge=True))
@@ -103,7 +120,9 @@ class Hedging:
                         await asyncio.wait(pending)  # the loser bills itself, frees its slot
                     trace.won = tasks[task]
                     if trace.won == 2:
-                        state.retry_budget.paid_off()  # a hedge that won earns its token back
+                        hedges = state.hedge_budget
+                        assert hedges is not None
+                        hedges.paid_off()  # a hedge that won earns its token back
                     return result
             assert failed is not None
             return failed
@@ -126,43 +145,46 @@ class Hedging:
         found = state.answer_times.percentile(hedge.percentile)
         return None if found is None else max(HEDGE_FLOOR, found)
 
-    def may_hedge(
+    def refusal(
         self, state: SupplierState, call: Call, trace: SupplierTrace, sent_at: float
-    ) -> bool:
-        """Whether a hedge goes now: a tail that threatens the deadline, time for a median
-        answer, a free slot, a token, a turn.
+    ) -> str | None:
+        """Why no hedge goes now, or None: it goes, its slot, token and turn taken.
 
         With a percentile's delay, only a supplier whose calls run past the
         time the first attempt had at least ``HEDGE_TAIL`` of the time is
-        hedged: one whose slowest answers fit anyway gains only load. It
-        never waits for anything: not for a slot (one free within the
-        supplier's share, or none), not for its rate's turn, not for an
-        OAuth2 token; and none while the supplier is paused.
-        Its token comes from the retry budget the supplier's retries spend.
+        hedged: one whose slowest answers fit anyway gains only load
+        (``NOT_LATE``: the delay did not really ask). Then a hedge needs time
+        for a median answer (``no_time``); a supplier that is not paused and
+        gives its rate's turn now (``no_turn``); a hedge token, an OAuth2 token
+        at hand and a retry budget that is not empty — failures still stop
+        hedging — (``no_token``); a slot free within the supplier's share
+        (``no_slot``). It never waits for any of them.
         """
         name = trace.supplier
         times = state.answer_times
+        hedges = state.hedge_budget
         assert times is not None
+        assert hedges is not None
         assert state.hedge is not None
         if state.hedge.delay is None:
             late = times.survival(call.deadline - sent_at)
             if late is None or late < HEDGE_TAIL:
-                return False
+                return NOT_LATE
         median = times.percentile(0.5) or 0.0
         if call.deadline - time.monotonic() < median:
-            return False
+            return NO_TIME
         if self._pauses.active and self._pauses.until(name) is not None:
-            return False
+            return NO_TURN
         if state.tokens is not None and state.tokens.current() is None:
-            return False
+            return NO_TOKEN
+        if hedges.tokens < 1 or state.retry_budget.tokens < 1:
+            return NO_TOKEN
         if not self._slots.try_acquire(name):
-            return False
-        if not state.retry_budget.try_spend():
-            self._slots.release(name)
-            return False
+            return NO_SLOT
+        hedges.try_spend()
         rate = state.spec.rate
         if rate is not None and not self._turns.take_now(name, rate):
             self._slots.release(name)
-            state.retry_budget.paid_off()  # the token back: nothing was sent
-            return False
-        return True
+            hedges.paid_off()  # the token back: nothing was sent
+            return NO_TURN
+        return None

@@ -347,6 +347,9 @@ class SupplierTrace:
     """A hedge was sent beside the first attempt: the second attempt, no retry after it."""
     won: int | None = None
     """In a hedged call, the attempt whose quote won (the other was cancelled)."""
+    hedge_refused: str | None = None
+    """The hedge delay asked for a hedge and none went: ``no_token``, ``no_slot``,
+    ``no_turn`` or ``no_time`` (``hedging.py``)."""
     lines: tuple[str, ...] = ()
     """A cart's call: the SKUs of the lines it asks for (one, unless the supplier takes a
     batch). Its waits for a slot come after single quotes' (``slots.py``)."""

@@ -283,6 +283,12 @@ class Telemetry:
             ("supplier",),
             host_mode="livesum",  # each worker's own bucket: the host may spend their sum
         )
+        self._hedge_tokens = PlainGauge(
+            "quoteflow_hedge_tokens",
+            "Hedges each hedged supplier may still send now (its hedge bucket).",
+            ("supplier",),
+            host_mode="livesum",  # each worker's own pool: the host may spend their sum
+        )
         self._circuit_state = PlainGauge(
             "quoteflow_circuit_state",
             "Each supplier's circuit: 0 closed, 1 half-open, 2 open (absent: breaker off).",
@@ -307,10 +313,18 @@ class Telemetry:
             "attempts cancelled because the other won.",
             ("supplier", "event"),
         )
+        self._hedges_refused = PlainCounter(
+            "quoteflow_hedges_refused",
+            "Hedges the delay asked for that did not go, by supplier and why: no_token, "
+            "no_slot, no_turn, no_time.",
+            ("supplier", "reason"),
+        )
         self._sharing = False
         """Coalescing or the quote cache is on: the request event says what each shared."""
         self.metrics: tuple[PlainMetric, ...] = (
             self._hedges,
+            self._hedges_refused,
+            self._hedge_tokens,
             self._carts,
             self._cart_lines,
             self._cart_calls,
@@ -375,14 +389,25 @@ class Telemetry:
         retry_tokens: Callable[[str], float],
         circuit_state: Callable[[str], float] | None = None,
         with_circuit: Iterable[str] = (),
+        hedge_tokens: Callable[[str], float | None] | None = None,
     ) -> None:
         """Read each supplier's gauges at scrape time: the catalogue's, replacing any before.
 
-        ``with_circuit``: the suppliers that have a breaker, read by ``circuit_state``.
+        ``with_circuit``: the suppliers that have a breaker, read by ``circuit_state``;
+        ``hedge_tokens``: each hedged supplier's hedge bucket (None: not hedged).
         """
         self._retry_tokens.readers = {
             (supplier,): functools.partial(retry_tokens, supplier) for supplier in suppliers
         }
+        self._hedge_tokens.readers = (
+            {}
+            if hedge_tokens is None
+            else {
+                (supplier,): functools.partial(_or_zero, hedge_tokens, supplier)
+                for supplier in suppliers
+                if hedge_tokens(supplier) is not None
+            }
+        )
         self._circuit_state.readers = (
             {}
             if circuit_state is None
@@ -576,6 +601,8 @@ class Telemetry:
                     )
             if trace.won == 2:
                 self._hedges.inc(trace.supplier, "won")
+            if trace.hedge_refused is not None:
+                self._hedges_refused.inc(trace.supplier, trace.hedge_refused)
             if trace.stopped == STOPPED_DEADLINE:
                 self._timeouts.inc(trace.supplier)
             elif trace.stopped == STOPPED_CIRCUIT_OPEN:
@@ -694,6 +721,10 @@ class Telemetry:
         if log.isEnabledFor(level):
             event = {"request_id": request_id, "status": status, "result": result, **fields}
             log_event(log, level, "quote_request", event, exc_info=exc)
+
+
+def _or_zero(read: Callable[[str], float | None], supplier: str) -> float:
+    return read(supplier) or 0.0
 
 
 def _shared(traces: Iterable[SupplierTrace]) -> dict[str, str]:

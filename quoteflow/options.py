@@ -75,6 +75,11 @@ _OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
         "hedge every supplier without its own catalogue hedge key: a late first attempt is "
         "joined by the second (default: off)",
     ),
+    "hedge_earn": (
+        float,
+        "hedge tokens a supplier earns per successful attempt, above 0, at most 1 (0.2)",
+    ),
+    "hedge_burst": (int, "hedge tokens a supplier may save up, 1 to 1000 (10)"),
     "pause_max": (
         float,
         "longest a supplier's 429 with Retry-After pauses it for every request, seconds (60)",

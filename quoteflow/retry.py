@@ -246,6 +246,60 @@ class RetryBudget:
         self.tokens = min(self.capacity, self.tokens + 1)
 
 
+class HedgeLimiter(Protocol):
+    """One supplier's hedge budget, as the hedging decision uses it (never awaits)."""
+
+    @property
+    def tokens(self) -> float:
+        """Hedges that may still be sent now."""
+        ...
+
+    def earned(self) -> None:
+        """An attempt sent to the supplier brought a valid quote: a share of a hedge."""
+        ...
+
+    def try_spend(self) -> bool:
+        """Take one hedge if there is one."""
+        ...
+
+    def paid_off(self) -> None:
+        """The hedge won: its token comes back."""
+        ...
+
+
+class HedgeBudget:
+    """A per-supplier token bucket of hedges, earned by the supplier's successes.
+
+    Retries and hedges protect different things: a retry answers a failure and
+    must stop when a supplier fails; a hedge answers slowness, and its cost is
+    a bounded share of extra load. So a hedge has a bucket of its own (as
+    Cloud Pub/Sub's publisher does): one token per hedge, ``earn`` tokens for
+    each attempt actually sent that brought a valid quote, at most ``burst``,
+    full at start. A supplier that fails, hangs or times out earns nothing,
+    and its hedges stop once the bucket is spent.
+    """
+
+    def __init__(self, burst: int, earn: float) -> None:
+        self.capacity = float(burst)
+        self.earn = earn
+        self.tokens = self.capacity
+
+    def earned(self) -> None:
+        """A sent attempt brought a valid quote: ``earn`` more, up to the burst."""
+        self.tokens = min(self.capacity, self.tokens + self.earn)
+
+    def try_spend(self) -> bool:
+        """Take one hedge if the bucket holds one."""
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+    def paid_off(self) -> None:
+        """The hedge won: its token comes back."""
+        self.tokens = min(self.capacity, self.tokens + 1)
+
+
 HEDGE_FLOOR: Final = 0.020
 """The least hedge delay: sooner, a hedge would double calls that were never late."""
 HEDGE_SEEN: Final = 10

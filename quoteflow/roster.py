@@ -168,4 +168,5 @@ class SupplierRoster:
             parts.client.retry_tokens,
             circuit_state=None if breakers is None else breakers.state,
             with_circuit=() if breakers is None else breakers.suppliers,
+            hedge_tokens=parts.client.hedge_tokens,
         )

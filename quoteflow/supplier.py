@@ -79,6 +79,8 @@ from quoteflow.models import (
 from quoteflow.pauses import Pauses
 from quoteflow.rates import LocalRates, RateMeter, Turns
 from quoteflow.retry import (
+    HedgeBudget,
+    HedgeLimiter,
     RetryBudget,
     RetryLimiter,
 )
@@ -123,6 +125,7 @@ class SupplierClient:
         *,
         slots: OutboundLimiter | None = None,
         retry_budgets: Mapping[str, RetryLimiter] | None = None,
+        hedge_budgets: Mapping[str, HedgeLimiter] | None = None,
         attempts: AttemptListener | None = None,
         keep_cache_control: bool = False,
         pauses: Pauses | None = None,
@@ -153,7 +156,7 @@ class SupplierClient:
         )
         self._hedging = Hedging(slots, self._turns, self.pauses)
         self._suppliers: dict[str, SupplierState] = {}
-        self.use(catalogue, retry_budgets)
+        self.use(catalogue, retry_budgets, hedge_budgets)
         self._attempts = settings.attempts
         self._backoff = (settings.backoff_min, settings.backoff_max)
         self._retry_after_cap = settings.retry_after_cap
@@ -162,12 +165,16 @@ class SupplierClient:
     """Token requests by supplier and outcome (``tokens.OK``...), for ``/metrics``."""
 
     def use(
-        self, catalogue: Catalogue, retry_budgets: Mapping[str, RetryLimiter] | None = None
+        self,
+        catalogue: Catalogue,
+        retry_budgets: Mapping[str, RetryLimiter] | None = None,
+        hedge_budgets: Mapping[str, HedgeLimiter] | None = None,
     ) -> None:
         """Ask ``catalogue``'s suppliers from now on (a reload); calls in flight keep theirs.
 
         A supplier that stays keeps its retry budget (unless ``retry_budgets``
-        brings one, or its capacity changed) and its learned attempt times.
+        brings one, or its capacity changed), its hedge budget (likewise, with
+        ``hedge_budgets`` and its ``burst``) and its learned attempt times.
         One that is gone stays reachable under its old entry until ``forget``:
         a request that started before the reload may still ask it.
         """
@@ -189,6 +196,7 @@ class SupplierClient:
                 supplier, settings, budget, attempt_time, answer_times
             )
             state.tokens = self._keeper(supplier, old)
+            state.hedge_budget = _hedge_budget(state, old, hedge_budgets)
         self._suppliers = states  # swapped whole: no request sees half of it
         self._turns.keep_only(set(catalogue.names))
 
@@ -250,6 +258,12 @@ class SupplierClient:
     def retry_tokens(self, supplier: str) -> float:
         """Retries ``supplier`` may still spend now."""
         return self._suppliers[supplier].retry_budget.tokens
+
+    def hedge_tokens(self, supplier: str) -> float | None:
+        """Hedges ``supplier`` may still send now; None: it is not hedged."""
+        state = self._suppliers.get(supplier)
+        budget = None if state is None else state.hedge_budget
+        return None if budget is None else budget.tokens
 
     async def quote(
         self,
@@ -472,6 +486,8 @@ class SupplierClient:
                 state, fetched.body, trace.supplier, call, fetched.cache_control
             )
         outcome = fetched.code
+        if outcome == OK and state.hedge_budget is not None:
+            state.hedge_budget.earned()  # a success pays for a share of a hedge (hedging.py)
         trace.attempts.append(
             record(
                 attempt,
@@ -485,3 +501,19 @@ class SupplierClient:
             )
         )
         return fetched
+
+
+def _hedge_budget(
+    state: SupplierState, old: SupplierState | None, given: Mapping[str, HedgeLimiter] | None
+) -> HedgeLimiter | None:
+    """A hedged supplier's hedge tokens: the fleet's, else its old bucket if ``burst`` stays."""
+    hedge = state.hedge
+    if hedge is None:
+        return None
+    if given is not None and state.spec.name in given:
+        return given[state.spec.name]
+    kept = None if old is None else old.hedge_budget
+    if isinstance(kept, HedgeBudget) and kept.capacity == hedge.burst:
+        kept.earn = hedge.earn
+        return kept
+    return HedgeBudget(hedge.burst, hedge.earn)

@@ -156,7 +156,8 @@ async def test_a_retried_call_is_never_hedged(start: Start, suppliers: FakeSuppl
     ("why", "overrides", "boreal"),
     [
         ("no free slot", {"outbound_limit": 1, "supplier_share": 1}, {}),
-        ("no retry token", {"retry_budget_capacity": 1, "retry_budget_earn": 0.0}, {}),
+        ("no hedge token", {"hedge_burst": 1, "hedge_earn": 0.1}, {}),
+        ("an empty retry budget", {"retry_budget_capacity": 1, "retry_budget_earn": 0.0}, {}),
         ("no turn of its rate", {}, {"rate": "1/10s"}),
     ],
 )
@@ -167,20 +168,35 @@ async def test_no_hedge_without_a_slot_a_token_or_a_turn(
     overrides: dict[str, Any],
     boreal: dict[str, Any],
 ) -> None:
-    """A hedge never waits: without a free slot, a retry token or its rate's turn, none is sent."""
+    """A hedge never waits: without a free slot, a hedge token or its rate's turn, none is sent;
+    nor while failures have emptied the retry budget. The bill and the metrics say why."""
     for name in ("atlas", "cedar"):
         suppliers.always(name, fakes.quote())
     client = await start({"hedge": {"delay": 0.05}, **boreal}, **overrides)
-    if why == "no retry token":
+    if why == "no hedge token":
         suppliers.script("boreal", fakes.delay(0.1), fakes.delay(1.0))
         await ask(client, "spend")  # the one token goes on this hedge, which loses
+        assert suppliers.count("boreal") == 2
+    if why == "an empty retry budget":
+        suppliers.script("boreal", fakes.status(503), fakes.status(503))
+        await ask(client, "spend")  # the one retry token goes on a retry that fails too
         assert suppliers.count("boreal") == 2
     before = suppliers.count("boreal")
     suppliers.script("boreal", fakes.delay(0.25))
     answer = await ask(client, "h-6")
     assert suppliers.count("boreal") == before + 1, why
     assert answer["best"]["supplier"] == "boreal"
-    assert all(not a.get("hedge") for a in answer["explain"]["suppliers"]["boreal"]["attempts"])
+    bill = answer["explain"]["suppliers"]["boreal"]
+    assert all(not a.get("hedge") for a in bill["attempts"])
+    reason = {
+        "no free slot": "no_slot",
+        "no hedge token": "no_token",
+        "an empty retry budget": "no_token",
+        "no turn of its rate": "no_turn",
+    }[why]
+    assert bill["hedge_refused"] == reason
+    metrics = await (await client.get("/metrics")).text()
+    assert f'quoteflow_hedges_refused_total{{reason="{reason}",supplier="boreal"}} 1.0' in metrics
 
 
 async def test_a_cancelled_loser_is_no_failure_for_the_breaker(
@@ -238,7 +254,13 @@ async def test_a_percentile_hedge_waits_for_answers_and_goes_only_where_the_tail
     [
         ({"percentile": 1.5}, "hedge.percentile: must be between 0 and 1"),
         ({"delay": 0.001}, "hedge.delay: must be from 0.02 to 60 seconds"),
-        ({"delay": 0.1, "percentile": 0.5}, "hedge: must be true, false"),
+        ({"delay": 0.1, "percentile": 0.5}, "hedge: must have exactly one of percentile"),
+        ({"earn": 0.5}, "hedge: must have exactly one of percentile"),
+        ({"delay": 0.1, "earn": 0}, "hedge.earn: must be more than 0 and at most 1"),
+        ({"delay": 0.1, "earn": 1.5}, "hedge.earn: must be more than 0 and at most 1"),
+        ({"delay": 0.1, "burst": 0}, "hedge.burst: must be a whole number from 1 to 1000"),
+        ({"delay": 0.1, "burst": 2.5}, "hedge.burst: must be a whole number from 1 to 1000"),
+        ({"delay": 0.1, "surge": 1}, "hedge: must be true, false"),
         ("yes", "hedge: must be true, false"),
     ],
 )
@@ -254,12 +276,12 @@ def test_a_bad_hedge_key_is_one_line_naming_the_supplier(
     assert f"supplier 'boreal': {message}" in str(raised.value)
 
 
-async def test_hedges_come_back_once_the_retry_budget_has_earned_a_token(
+async def test_hedges_come_back_once_successes_have_earned_a_token(
     start: Start, suppliers: FakeSuppliers
 ) -> None:
-    """A token spent on a losing hedge: the next slow call is not hedged; once requests have
-    earned a token back (half a token each here), the one after is hedged again."""
-    client = await start({"hedge": {"delay": 0.05}}, retry_budget_capacity=1, retry_budget_earn=0.5)
+    """A hedge token spent on a losing hedge: the next slow call is not hedged; once successful
+    attempts have earned a token back (half a token each here), the one after is hedged again."""
+    client = await start({"hedge": {"delay": 0.05, "burst": 1, "earn": 0.5}})
     # Each request's first attempt answers in 0.15 s; a hedge would take 1 s and lose.
     suppliers.always("boreal", fakes.first_time_per_request_id(fakes.delay(0.15), fakes.delay(1.0)))
     hedged: list[bool] = []
@@ -267,5 +289,96 @@ async def test_hedges_come_back_once_the_retry_budget_has_earned_a_token(
         before = suppliers.count("boreal")
         await ask(client, f"budget-{n}")
         hedged.append(suppliers.count("boreal") - before == 2)
-    # 1 token: spent (the hedge loses); 0.5: none; 1.0 earned back: hedged again.
+    # 1 token: spent (the hedge loses), 0.5 earned by the first attempt's quote; none;
+    # 1.0 earned back: hedged again.
     assert hedged == [True, False, True]
+
+
+async def test_a_hedge_spends_no_retry_token_and_a_winning_hedge_gets_its_own_back(
+    start: Start, suppliers: FakeSuppliers
+) -> None:
+    """Hedges and retries have buckets of their own: /metrics shows which one paid."""
+    client = await start({"hedge": {"delay": 0.05, "burst": 3, "earn": 0.2}})
+    suppliers.script("boreal", fakes.delay(0.3))  # the hedge (the default quote) wins
+    answer = await ask(client, "own-1")
+    assert answer["explain"]["suppliers"]["boreal"]["won"] == 2
+    metrics = await (await client.get("/metrics")).text()
+    # Spent, given back as it won, and 0.2 earned by its quote: still full.
+    assert 'quoteflow_hedge_tokens{supplier="boreal"} 3.0' in metrics
+    assert 'quoteflow_retry_budget_tokens{supplier="boreal"} 20.0' in metrics
+    suppliers.script("boreal", fakes.delay(0.15), fakes.delay(1.0))  # this hedge loses
+    await ask(client, "own-2")
+    metrics = await (await client.get("/metrics")).text()
+    assert 'quoteflow_hedge_tokens{supplier="boreal"} 2.2' in metrics  # 3 - 1 + 0.2
+    assert 'quoteflow_retry_budget_tokens{supplier="boreal"} 20.0' in metrics
+    assert 'quoteflow_hedge_tokens{supplier="atlas"}' not in metrics  # not hedged
+
+
+async def test_a_hanging_supplier_stops_earning_and_its_hedges_stop(
+    start: Start, suppliers: FakeSuppliers
+) -> None:
+    """Only a sent attempt's valid quote earns: a supplier whose every call times out spends
+    its burst on hedges and sends no more, and earns again once it answers."""
+    client = await start({"hedge": {"delay": 0.05, "burst": 2, "earn": 0.5}}, budget=0.4)
+    suppliers.always("boreal", fakes.hang())
+    sent = []
+    for n in range(4):
+        before = suppliers.count("boreal")
+        answer = await ask(client, f"hang-{n}")
+        assert {"supplier": "boreal", "code": "timeout"} in answer["failures"]
+        sent.append(suppliers.count("boreal") - before)
+    assert sent == [2, 2, 1, 1]  # two hedges, then the bucket is empty
+    suppliers.always("boreal", fakes.quote())
+    for n in range(2):  # two quick successes earn one token back
+        await ask(client, f"back-{n}")
+    suppliers.script("boreal", fakes.delay(0.25))
+    before = suppliers.count("boreal")
+    await ask(client, "hedged-again")
+    assert suppliers.count("boreal") - before == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--hedge-earn", "0"], "hedge_earn"),
+        (["--hedge-earn", "1.5"], "hedge_earn"),
+        (["--hedge-burst", "0"], "hedge_burst"),
+        (["--hedge-burst", "1001"], "hedge_burst"),
+        (["--hedge-burst", "2.5"], "--hedge-burst"),
+    ],
+)
+def test_a_bad_hedge_default_stops_start_up_in_one_line(argv: list[str], named: str) -> None:
+    from quoteflow.options import parse_settings
+
+    with pytest.raises(ConfigError, match=named):
+        parse_settings(argv, {})
+
+
+async def test_a_reload_that_keeps_the_burst_keeps_the_buckets_level(
+    start: Start, suppliers: FakeSuppliers, tmp_path: Path
+) -> None:
+    """As the retry budget: a reload with the same ``burst`` keeps the tokens; another refills."""
+    from quoteflow.reload import reload_all
+
+    client = await start({"hedge": {"delay": 0.05, "burst": 2}})
+    suppliers.script("boreal", fakes.delay(0.15), fakes.delay(1.0))  # a hedge that loses
+    await ask(client, "lvl-1")
+
+    async def level() -> str:
+        metrics = await (await client.get("/metrics")).text()
+        (line,) = [m for m in metrics.splitlines() if m.startswith("quoteflow_hedge_tokens{")]
+        return line.rsplit(" ", 1)[1]
+
+    assert await level() == "1.2"
+    entries: list[dict[str, Any]] = [
+        {"name": name, "url": f"{suppliers.url.rstrip('/')}/quotes/{name}"}
+        for name in ("atlas", "boreal", "cedar")
+    ]
+    entries[1]["hedge"] = {"delay": 0.06, "burst": 2, "earn": 0.5}
+    write_catalogue(tmp_path / "suppliers.toml", entries)
+    reload_all(client.app)
+    assert await level() == "1.2"
+    entries[1]["hedge"] = {"delay": 0.06, "burst": 4}
+    write_catalogue(tmp_path / "suppliers.toml", entries)
+    reload_all(client.app)
+    assert await level() == "4.0"
