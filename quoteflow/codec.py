@@ -397,8 +397,6 @@ def _price_text(value: Any, _: type) -> int:
     micros = micros_of_text(value)
     if micros is None:
         raise ValueError("must be a decimal string like 12.50, at most 6 decimal places")
-    if micros > MAX_SUPPLIED_NUMBER:
-        raise ValueError("must be below 9007199254.740991")
     return micros
 
 
@@ -408,8 +406,6 @@ def _price_adapted(value: Any, _: type) -> int:
         micros = micros_of_decimal(value)
         if micros is None:
             raise ValueError("must be a finite Decimal of at least 0 with at most 6 places")
-        if micros > MAX_SUPPLIED_NUMBER:
-            raise ValueError("must be below 9007199254.740991")
         return micros
     return _price_text(value, str)
 
@@ -585,6 +581,8 @@ def _quote_of_offer(wire: _WireOffer, default_currency: str) -> SupplierQuote:
         if places > exponent:
             raise InvalidSupplierData(f"shipping: more decimal places than {currency}'s {exponent}")
         shipping = micros // to_minor
+        if shipping > MAX_SUPPLIED_NUMBER:
+            raise InvalidSupplierData("shipping: must be at most 2**53 - 1 minor units")
     else:
         assert wire.shipping_cents is not None
         shipping = wire.shipping_cents
@@ -600,8 +598,6 @@ def _quote_of_offer(wire: _WireOffer, default_currency: str) -> SupplierQuote:
         assert wire.unit_cents is not None
         unit_cents = wire.unit_cents
         breaks = (PriceBreak(1, unit_cents * to_minor),)
-    if breaks[-1].micros > MAX_SUPPLIED_NUMBER * to_minor:
-        raise InvalidSupplierData("breaks: a unit price above 2**53 - 1 minor units")
     terms = OfferTerms(
         currency=wire.currency,
         breaks=breaks,

@@ -332,3 +332,17 @@ def test_a_json_number_reaches_an_adapter_as_an_exact_decimal() -> None:
     # The same Decimal straight from a supplier's own JSON is a number, not a string: refused.
     with pytest.raises(InvalidSupplierData, match="unit_price"):
         supplier_quote_from(adapted, supplier="boreal", sku="R-1")
+
+
+def test_a_large_price_is_priced_and_only_an_amount_past_2_53_is_refused() -> None:
+    """The cap is on amounts in minor units, not on a price's digits: ten billion yen is fine."""
+    quote = _offer(currency="JPY", unit_price="10000000000", shipping="0")
+    priced = Pricing("JPY", {}).price(quote, 1)
+    assert isinstance(priced, RankedQuote)
+    assert priced.total_cents == 10_000_000_000
+    dear = _offer(currency="JPY", unit_price="10000000000000", shipping="0")  # 10**13 yen each
+    assert Pricing("JPY", {}).price(dear, 1000) == Failure("boreal", INVALID_DATA)
+    shipped = _offer(currency="JPY", unit_cents=1, shipping="10000000000")
+    assert shipped.shipping_cents == 10_000_000_000
+    with pytest.raises(InvalidSupplierData, match="shipping"):
+        _offer(currency="USD", unit_cents=1, shipping="90071992547409.92")
