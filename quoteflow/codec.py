@@ -690,7 +690,7 @@ def _quote_json(quote: RankedQuote) -> dict[str, Any]:
         shown: dict[str, Any] = {
             "currency": offer.currency,
             # Money becomes text here only, as decimal strings in the offer's currency.
-            "unit_price": text_of_micros(offer.unit_micros),
+            "unit_price": text_of_micros(offer.unit_micros, offer.exponent),
             "shipping": text_of_minor(offer.shipping, offer.exponent),
         }
         if offer.rate is not None:

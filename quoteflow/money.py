@@ -99,11 +99,14 @@ def line_amount(unit_micros: int, units: int, exponent: int) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def text_of_micros(micros: int) -> str:
-    """Micros as the shortest decimal string with at least two places (``"0.0034"``, ``"9.90"``)."""
+def text_of_micros(micros: int, places: int = 2) -> str:
+    """Micros as the shortest decimal with at least ``places`` places (``"0.0034"``, ``"9.90"``).
+
+    ``places`` is the currency's minor unit: yen are written ``"1650"``, dinars ``"1.250"``.
+    """
     whole, fraction = divmod(micros, MICROS)
-    digits = f"{fraction:06d}".rstrip("0").ljust(2, "0")
-    return f"{whole}.{digits}"
+    digits = f"{fraction:06d}".rstrip("0").ljust(places, "0")
+    return f"{whole}.{digits}" if digits else str(whole)
 
 
 @functools.lru_cache(maxsize=4096)
