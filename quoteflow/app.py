@@ -45,7 +45,7 @@ from quoteflow.options import (
 )
 from quoteflow.pauses import Pauses
 from quoteflow.reload import register
-from quoteflow.retry import RetryLimiter
+from quoteflow.retry import HedgeLimiter, RetryLimiter
 from quoteflow.roster import SupplierRoster
 from quoteflow.service import BatchGateway, CartSettings, QuoteService, SupplierGateway
 from quoteflow.slots import OutboundLimiter, OutboundSlots
@@ -367,6 +367,7 @@ async def _coordination(app: web.Application) -> AsyncIterator[None]:
         suppliers=catalogue.names,
         shares=catalogue.shares(),
         capacities={s.name: s.retry_budget_capacity for s in catalogue.suppliers},
+        hedges=catalogue.hedges(),
         pauses=app[PAUSES],
     )
     await coordinator.start()
@@ -407,16 +408,18 @@ async def _coordination(app: web.Application) -> AsyncIterator[None]:
         await coordinator.close()
 
 
-def _limits(app: web.Application) -> tuple[OutboundLimiter, Mapping[str, RetryLimiter] | None]:
-    """The outbound slots and retry budgets: the fleet's when there is one, else in memory.
+def _limits(
+    app: web.Application,
+) -> tuple[OutboundLimiter, Mapping[str, RetryLimiter] | None, Mapping[str, HedgeLimiter] | None]:
+    """The outbound slots, retry and hedge budgets: the fleet's when there is one, else in memory.
 
     ``None`` budgets: the supplier client makes each supplier's own.
     """
     coordinator = app.get(COORDINATOR)
     if coordinator is not None:
-        return coordinator.slots, dict(coordinator.budgets)
+        return coordinator.slots, dict(coordinator.budgets), coordinator.hedge_budgets
     slots = OutboundSlots(app[SETTINGS].outbound_limit, app[ROSTER].catalogue.shares())
-    return slots, None
+    return slots, None, None
 
 
 def _sharing(
@@ -493,7 +496,7 @@ def _supplier_session(
             # dropped connection (aio-libs/aiohttp#10790): our two attempts
             # would become four on the wire. Only this private switch stops it.
             session._retry_connection = False
-            slots, budgets = _limits(app)
+            slots, budgets, hedge_budgets = _limits(app)
             roster = app[ROSTER]
             client = SupplierClient(
                 session,
@@ -501,6 +504,7 @@ def _supplier_session(
                 roster.catalogue,
                 slots=slots,
                 retry_budgets=budgets,
+                hedge_budgets=hedge_budgets,
                 attempts=tracer,
                 keep_cache_control=settings.cache_size > 0,
                 pauses=app[PAUSES],

@@ -291,6 +291,14 @@ class Catalogue:
         """Each supplier's share of the outbound slots."""
         return {supplier.name: supplier.share for supplier in self.suppliers}
 
+    def hedges(self) -> dict[str, tuple[int, float]]:
+        """Each hedged supplier's hedge bucket: its ``burst`` and ``earn``."""
+        return {
+            supplier.name: (supplier.hedge.burst, supplier.hedge.earn)
+            for supplier in self.suppliers
+            if supplier.hedge is not None and supplier.batch is None
+        }
+
     def public(self) -> list[dict[str, object]]:
         """The suppliers as a log line may show them (``Supplier.public``)."""
         return [supplier.public() for supplier in self.suppliers]

@@ -181,7 +181,9 @@ class Hedging:
             return NO_TOKEN
         if not self._slots.try_acquire(name):
             return NO_SLOT
-        hedges.try_spend()
+        if not hedges.try_spend():  # in the fleet: this worker's pool is empty for now
+            self._slots.release(name)
+            return NO_TOKEN
         rate = state.spec.rate
         if rate is not None and not self._turns.take_now(name, rate):
             self._slots.release(name)

@@ -122,8 +122,10 @@ class SupplierRoster:
             parts.coordinator.retarget(
                 catalogue.shares(),
                 {s.name: s.retry_budget_capacity for s in catalogue.suppliers},
+                catalogue.hedges(),
             )
-            parts.client.use(catalogue, parts.coordinator.budgets)
+            coordinator = parts.coordinator
+            parts.client.use(catalogue, coordinator.budgets, coordinator.hedge_budgets)
         else:
             parts.client.use(catalogue)
         if parts.slots is not None:

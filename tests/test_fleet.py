@@ -69,11 +69,15 @@ async def wait_until(condition: Callable[[], bool], within: float = 3.0) -> floa
 
 @asynccontextmanager
 async def workers(
-    redis: RedisServer, count: int = 2, **overrides: Any
+    redis: RedisServer,
+    count: int = 2,
+    hedges: dict[str, tuple[int, float]] | None = None,
+    **overrides: Any,
 ) -> AsyncIterator[list[Coordinator]]:
     """``count`` workers that have joined the fleet; closed (with a goodbye) afterwards."""
     started = [
-        Coordinator(fleet_settings(redis, **overrides), suppliers=SUPPLIERS) for _ in range(count)
+        Coordinator(fleet_settings(redis, **overrides), suppliers=SUPPLIERS, hedges=hedges)
+        for _ in range(count)
     ]
     try:
         for coordinator in started:
@@ -771,6 +775,54 @@ async def test_the_retry_budget_is_one_bucket_for_the_fleet(redis_server: RedisS
                 spent += worker.budgets["boreal"].try_spend()
             await asyncio.sleep(0.002)
         assert 28 <= spent <= 30
+
+
+async def test_the_hedge_bucket_is_one_bucket_for_the_fleet_beside_the_retry_bucket(
+    redis_server: RedisServer,
+) -> None:
+    """Two workers hedging boreal together get one hedge bucket's worth (burst 10), earned back
+    by successes; the retry bucket is untouched, and no hedge entry holds a slot."""
+    async with workers(redis_server, hedges={"boreal": (10, 0.2)}) as (first, second):
+        spent = 0
+        for _ in range(60):
+            for worker in (first, second):
+                spent += worker.hedge_budgets["boreal"].try_spend()
+            await asyncio.sleep(0.002)  # syncs withdraw from the bucket meanwhile
+        assert spent == 10  # the burst, once for the fleet
+        for _ in range(25):  # 50 successes earn 10 hedges between them
+            first.hedge_budgets["boreal"].earned()
+            second.hedge_budgets["boreal"].earned()
+        for _ in range(60):
+            for worker in (first, second):
+                spent += worker.hedge_budgets["boreal"].try_spend()
+            await asyncio.sleep(0.002)
+        assert 18 <= spent <= 20
+        retried = 0
+        for _ in range(100):  # and the retry bucket is still whole: 20 for the fleet
+            for worker in (first, second):
+                retried += worker.budgets["boreal"].try_spend()
+            await asyncio.sleep(0.002)
+        assert retried == 20
+        async with redis_client(redis_server) as client:
+            holdings = await fleet_holdings(client, "quoteflow")
+        assert all(held.get("boreal#hedge") == 0 for held in holdings.values())
+
+
+async def test_on_their_own_two_workers_spend_one_hedge_bucket_between_them(
+    redis_server: RedisServer,
+) -> None:
+    """Redis gone: each worker keeps half of boreal's hedge bucket of 10; back, one bucket."""
+    async with workers(redis_server, hedges={"boreal": (10, 0.2)}) as (first, second):
+        await wait_until(lambda: first.slots.workers == second.slots.workers == 2, within=1.0)
+        await asyncio.to_thread(redis_server.stop)
+        await wait_until(lambda: not first.up and not second.up, within=1.5)
+        spent = [
+            sum(worker.hedge_budgets["boreal"].try_spend() for _ in range(30))
+            for worker in (first, second)
+        ]
+        assert spent == [5, 5]
+        await asyncio.to_thread(redis_server.start)
+        await wait_until(lambda: first.up and second.up, within=3.0)
 
 
 async def test_on_their_own_two_workers_spend_one_retry_bucket_between_them(

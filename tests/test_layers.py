@@ -66,7 +66,17 @@ LAYERS = [
 form the base)."""
 
 PACKAGE_LAYERS = {
-    "fleet": ["coordinator", "deadline", "leases", "waiters", "idle", "safe", "budget", "timing"],
+    "fleet": [
+        "coordinator",
+        "holdings",
+        "deadline",
+        "leases",
+        "waiters",
+        "idle",
+        "safe",
+        "budget",
+        "timing",
+    ],
     "callers": ["gate", "shared", "meter", "file", "model"],
 }
 """Inside a sub-package the same rule holds among its modules (``__init__`` only re-exports)."""

@@ -26,7 +26,8 @@ The package, one module per concern, each importing only those below it:
     waiters.py      LocalWaiters: this worker's calls waiting, per supplier, in turn
     idle.py         IdleClock: how long a leased slot has stood idle (the LINGER rule)
     safe.py         safe_share, capped_wants: what a worker may send on its own, and ask on return
-    budget.py       FleetRetryBudget: a pool drawn from the fleet's retry bucket
+    budget.py       FleetRetryBudget, FleetHedgeBudget: pools drawn from the fleet's buckets
+    holdings.py     fleet_holdings: what Redis says each live worker holds
     timing.py       TTL, HEARTBEAT, POLL, LINGER ...: the clock every part keeps to
 
 **Leases.** Per supplier a worker keeps ``leased`` (slots Redis granted it),
@@ -141,9 +142,10 @@ a cancellation can be lost inside redis-py's connect (``asyncio.wait_for``),
 which is why the background loops also stop on a flag (``close``).
 """
 
-from quoteflow.fleet.budget import FleetRetryBudget
-from quoteflow.fleet.coordinator import SCRIPT, Coordinator, fleet_holdings
+from quoteflow.fleet.budget import FleetHedgeBudget, FleetRetryBudget
+from quoteflow.fleet.coordinator import SCRIPT, Coordinator
 from quoteflow.fleet.deadline import LoopFairTimeout
+from quoteflow.fleet.holdings import fleet_holdings
 from quoteflow.fleet.leases import FLEET, JOINING, LOCAL, FleetSlots
 from quoteflow.fleet.safe import safe_share
 from quoteflow.fleet.timing import (
@@ -183,6 +185,7 @@ __all__ = [
     "TTL",
     "WANT_FRESH",
     "Coordinator",
+    "FleetHedgeBudget",
     "FleetRetryBudget",
     "FleetSlots",
     "LoopFairTimeout",

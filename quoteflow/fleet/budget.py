@@ -1,11 +1,24 @@
-"""The fleet retry budget: ``FleetRetryBudget``, a worker's pool drawn from one bucket in Redis."""
+"""The fleet's buckets: ``FleetRetryBudget`` and ``FleetHedgeBudget``, a worker's pool drawn
+from one bucket per supplier in Redis."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
-from quoteflow.retry import RetryBudget
+from quoteflow.retry import HedgeBudget, RetryBudget
+
+
+class _LocalBucket(Protocol):
+    """This process's own bucket, which decides while Redis is out of reach."""
+
+    capacity: float
+    tokens: float
+
+    def try_spend(self) -> bool: ...
+
+    def paid_off(self) -> None: ...
 
 
 class FleetRetryBudget:
@@ -37,7 +50,8 @@ class FleetRetryBudget:
         self.earn_per_request = earn_per_request
         self._burst = burst
         self.target = min(capacity, max(2.0, burst))
-        self.local = RetryBudget(capacity, earn_per_request)
+        self._retries = RetryBudget(capacity, earn_per_request)
+        self.local: _LocalBucket = self._retries
         self.fleet = False
         self.pool = 0.0
         """Tokens withdrawn from the fleet's bucket, ours to spend."""
@@ -67,7 +81,7 @@ class FleetRetryBudget:
 
     def first_attempt(self) -> None:
         """Every request earns a small share of a retry (in both books: see the class)."""
-        self.local.first_attempt()
+        self._retries.first_attempt()
         if self.fleet:
             self._credit(self.earn_per_request)
 
@@ -122,3 +136,64 @@ class FleetRetryBudget:
         self.fleet = False
         self.local.capacity = self.capacity / max(1, workers)
         self.local.tokens = min(self.local.tokens, self.local.capacity)
+
+
+class FleetHedgeBudget(FleetRetryBudget):
+    """One supplier's hedge bucket: a local pool drawn from the fleet's, as retries are.
+
+    Satisfies ``retry.HedgeLimiter``. Its tokens are earned by successful
+    attempts (``earned``), not per request; spending, paying back, the pool
+    and the fallback while Redis is away are the retry budget's. A hedge is
+    decided on this pool alone and never waits on Redis. In Redis the bucket
+    rides each sync as an entry of its own, ``<supplier>#hedge``, which holds
+    no slots (``coordinator.HEDGE_ENTRY``).
+    """
+
+    def __init__(
+        self, burst_size: int, earn: float, *, burst: int, need_sync: Callable[[float], None]
+    ) -> None:
+        super().__init__(float(burst_size), earn, burst=burst, need_sync=need_sync)
+        self._hedges = HedgeBudget(burst_size, earn)
+        self.local = self._hedges
+
+    @property
+    def earn(self) -> float:
+        """Tokens each successful attempt earns."""
+        return self.earn_per_request
+
+    def first_attempt(self) -> None:
+        """Hedge tokens are not earned per request (see ``earned``)."""
+
+    def earned(self) -> None:
+        """A sent attempt brought a valid quote: ``earn`` tokens, in both books."""
+        self._hedges.earned()
+        if self.fleet:
+            self._credit(self.earn_per_request)
+
+    def re_earn(self, earn: float) -> None:
+        """A reload's ``earn`` (the bucket's size, ``resize``, goes with the next sync)."""
+        self.earn_per_request = self._hedges.earn = earn
+
+
+def rehedge(
+    budgets: dict[str, FleetHedgeBudget],
+    hedges: Mapping[str, tuple[int, float]],
+    burst: int,
+    need_sync: Callable[[float], None],
+) -> None:
+    """``budgets`` made those of ``hedges`` (supplier → its bucket's size and ``earn``).
+
+    A supplier no longer hedged loses its bucket (its entry leaves this worker's
+    record at the next sync); one that stays keeps its pool, its new size sent
+    with the next sync, as a retry bucket's is.
+    """
+    for supplier in [name for name in budgets if name not in hedges]:
+        del budgets[supplier]
+    for supplier, (size, earn) in hedges.items():
+        found = budgets.get(supplier)
+        if found is None:
+            budgets[supplier] = FleetHedgeBudget(size, earn, burst=burst, need_sync=need_sync)
+            continue
+        found.re_earn(earn)
+        if found.capacity != size:
+            found.resize(float(size))

@@ -12,7 +12,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from quoteflow.config import Settings
-from quoteflow.fleet.budget import FleetRetryBudget
+from quoteflow.fleet.budget import FleetHedgeBudget, FleetRetryBudget, rehedge
 from quoteflow.fleet.deadline import LoopFairTimeout
 from quoteflow.fleet.leases import LOCAL, FleetSlots
 from quoteflow.fleet.timing import (
@@ -41,6 +41,10 @@ SCRIPT: Final = resources.files("quoteflow.fleet").joinpath("sync.lua").read_tex
 """The sync, one atomic step in Redis (``sync.lua``): read once, at import; run by ``EVALSHA``."""
 
 
+HEDGE_ENTRY: Final = "{}#hedge"
+"""A hedge bucket's name in Redis: an entry of its own beside the supplier's, holding no slots."""
+
+
 class Coordinator:
     """One worker's link to the fleet: the Redis client, the script, heartbeat and listener.
 
@@ -56,11 +60,13 @@ class Coordinator:
         suppliers: Iterable[str],
         shares: Mapping[str, int] | None = None,
         capacities: Mapping[str, float] | None = None,
+        hedges: Mapping[str, tuple[int, float]] | None = None,
         worker_id: str | None = None,
         pauses: Pauses | None = None,
     ) -> None:
         """``suppliers``: the catalogue's names; ``shares`` and ``capacities`` (retry bucket
-        sizes), each supplier's own, default to the settings' for every supplier."""
+        sizes), each supplier's own, default to the settings' for every supplier;
+        ``hedges``: each hedged supplier's hedge bucket (``burst``, ``earn``)."""
         if settings.redis_url is None:
             raise ValueError("fleet mode needs a redis_url")
         self.worker_id = worker_id or uuid.uuid4().hex
@@ -106,6 +112,9 @@ class Coordinator:
             )
             for supplier in self._suppliers
         }
+        self.hedge_budgets: dict[str, FleetHedgeBudget] = {}
+        """Each hedged supplier's hedge bucket, lent to this worker in a pool as retries are."""
+        rehedge(self.hedge_budgets, hedges or {}, settings.inbound_limit, self.request_sync)
         self.pauses = pauses
         """Suppliers paused after a 429: a pause one worker learns, it tells every other."""
         if pauses is not None:
@@ -238,8 +247,13 @@ class Coordinator:
             self._set_due(now + (HEARTBEAT if self.up else RECONNECT))
             await self._sync()
 
-    def retarget(self, shares: Mapping[str, int], capacities: Mapping[str, float]) -> None:
-        """A reload's suppliers, shares and retry buckets, sent with the next sync.
+    def retarget(
+        self,
+        shares: Mapping[str, int],
+        capacities: Mapping[str, float],
+        hedges: Mapping[str, tuple[int, float]] | None = None,
+    ) -> None:
+        """A reload's suppliers, shares, retry and hedge buckets, sent with the next sync.
 
         Redis keeps no limit of its own: what each worker sends is what holds,
         so while workers of two catalogues overlap a supplier's share holds at
@@ -259,6 +273,7 @@ class Coordinator:
                 )
             elif budget.capacity != capacity:
                 budget.resize(capacity)
+        rehedge(self.hedge_budgets, hedges or {}, self.settings.inbound_limit, self.request_sync)
         self._suppliers = self.slots.suppliers
 
     def forget(self, suppliers: Iterable[str]) -> None:
@@ -269,6 +284,7 @@ class Coordinator:
         for supplier in gone:
             if supplier not in self._suppliers:
                 self.budgets.pop(supplier, None)
+                self.hedge_budgets.pop(supplier, None)
                 self.shares.pop(supplier, None)
                 self.capacities.pop(supplier, None)
 
@@ -300,7 +316,7 @@ class Coordinator:
 
     def _worth(self, since: float) -> bool:
         return self.slots.worth_syncing(since) or any(
-            budget.wants_tokens for budget in self.budgets.values()
+            budget.wants_tokens for budget in (*self.budgets.values(), *self.hedge_budgets.values())
         )
 
     async def _sync(self, *, leaving: bool = False) -> None:
@@ -309,7 +325,8 @@ class Coordinator:
         ARGV: worker id, ttl ms, limit, want-fresh ms, quiet ms, joined (0/1),
         leaving (0/1), channel, n suppliers, may announce ``wanted`` (0/1),
         then per supplier: name, held, want, tokens deposited, whole tokens to
-        withdraw, tokens in the pool, its share, its retry bucket's capacity.
+        withdraw, tokens in the pool, its share, its retry bucket's capacity; then
+        each hedge bucket as an entry of its own (``HEDGE_ENTRY``: no slots).
         Reply: quiet (0/1), others waiting (0/1), allowed total, live workers,
         announced ``wanted`` (0/1), this worker's rank among them, then per
         supplier: granted, allowed, free, grantable (free but for the whole
@@ -322,6 +339,8 @@ class Coordinator:
         else:
             held, want = self.slots.report()
         tokens = [self.budgets[supplier].report(leaving) for supplier in self._suppliers]
+        hedged = [s for s in self._suppliers if s in self.hedge_budgets]
+        hedge_tokens = [self.hedge_budgets[supplier].report(leaving) for supplier in hedged]
         args: list[str | int] = [
             self.worker_id,
             round(TTL * 1000),
@@ -331,7 +350,7 @@ class Coordinator:
             int(self.joined),
             int(leaving),
             self.channel,
-            n,
+            n + len(hedged),
             # At most one "wanted" per poll: starved workers must not wake
             # each other in a loop.
             int(self._loop.time() >= self._announced_at + POLL),
@@ -348,6 +367,10 @@ class Coordinator:
                 self.shares[supplier],
                 f"{self.capacities[supplier]:.6f}",
             ]
+        for supplier, (deposit, withdraw, pool) in zip(hedged, hedge_tokens, strict=True):
+            size = self.hedge_budgets[supplier].capacity
+            args += [HEDGE_ENTRY.format(supplier), 0, 0, f"{deposit:.6f}", withdraw]
+            args += [f"{pool:.6f}", 0, f"{size:.6f}"]
         sent_at = time.monotonic()
         # The time limit is Redis': a reply that came in time but was read
         # late because our loop was busy is not a Redis failure (deadline.py).
@@ -381,6 +404,10 @@ class Coordinator:
         )
         for index, supplier in enumerate(self._suppliers):
             self.budgets[supplier].apply(int(per[index][4]), float(per[index][5]))
+        for index, supplier in enumerate(hedged, start=n):
+            self.hedge_budgets[supplier].apply(
+                int(reply[10 + 6 * index]), float(reply[11 + 6 * index])
+            )
         if not self.up:
             if self._down_since is not None and self._redis is not None:
                 # Connections that sat idle in the pool through the outage may
@@ -403,7 +430,7 @@ class Coordinator:
             self.up = False
             self._down_since = self._loop.time()
             self.slots.go_local()
-            for budget in self.budgets.values():
+            for budget in (*self.budgets.values(), *self.hedge_budgets.values()):
                 budget.go_local(self.slots.workers)
             safe_limit, safe_shares = self.slots.safe_limits()
             log_event(
@@ -471,21 +498,3 @@ class Coordinator:
                 await cast(Any, pubsub).aclose()
             if listening():
                 await asyncio.sleep(RECONNECT)
-
-
-async def fleet_holdings(client: Redis, prefix: str) -> dict[str, dict[str, int]]:
-    """Slots each live worker holds per supplier, as Redis has them (for tests and operators)."""
-    seconds, micros = await client.time()
-    now = seconds * 1000 + micros // 1000
-    live = {
-        (worker.decode() if isinstance(worker, bytes) else str(worker))
-        for worker in await client.zrangebyscore(f"{prefix}:workers", f"({now}", "+inf")
-    }
-    holdings: dict[str, dict[str, int]] = {}
-    for worker, record in (await client.hgetall(f"{prefix}:state")).items():
-        name = worker.decode() if isinstance(worker, bytes) else str(worker)
-        if name not in live:
-            continue
-        fields = (record.decode() if isinstance(record, bytes) else str(record)).split()
-        holdings[name] = {fields[i]: int(fields[i + 1]) for i in range(0, len(fields) - 1, 4)}
-    return holdings
