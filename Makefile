@@ -91,9 +91,10 @@ lab: $(STAMP)
 # A second QuoteFlow (9103) asks the lab's foreign dialects: docs/suppliers.md's
 # three worked suppliers (POST JSON with OAuth2 and price breaks, path with an API key).
 # A third (9104) asks the lab's three in its batch dialect: carts, 20 lines a call.
+# A fourth (9105) hedges (--hedge): turn boreal's tail on as the banner says to see one.
 # The first (9100) serves the console, with the lab's controls; its URL is printed.
 run: $(STAMP)
-	$(BIN)/python -m provider_lab.run_pair --console --lab-port 9101 --port 9100 --dialects-port 9103 --batch-port 9104 -- --coalesce --cache-size 1000
+	$(BIN)/python -m provider_lab.run_pair --console --lab-port 9101 --port 9100 --dialects-port 9103 --batch-port 9104 --hedged-port 9105 -- --coalesce --cache-size 1000
 
 # Fleet mode: redis-server (9102), the lab (9101) and 2 gunicorn workers (9100).
 fleet: $(STAMP) need-redis
@@ -101,7 +102,7 @@ fleet: $(STAMP) need-redis
 
 # SVG=DIR: each case of the main table also written as its waterfall, DIR/<case>.svg.
 demo: $(STAMP)
-	$(BIN)/python -m provider_lab.demo --service http://127.0.0.1:9100 --lab http://127.0.0.1:9101 --dialects http://127.0.0.1:9103 --batch http://127.0.0.1:9104 $(if $(SVG),--svg $(SVG))
+	$(BIN)/python -m provider_lab.demo --service http://127.0.0.1:9100 --lab http://127.0.0.1:9101 --dialects http://127.0.0.1:9103 --batch http://127.0.0.1:9104 --hedged http://127.0.0.1:9105 $(if $(SVG),--svg $(SVG))
 
 # The benchmark (bench/, docs/benchmark.md): needs wrk (apt-get install -y wrk;
 # installed automatically when run as root with apt) and the bench extra.

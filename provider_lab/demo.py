@@ -35,12 +35,21 @@ change), stale (``no_rate``) and fixed (quoted again). ``make run``'s QuoteFlows
 fetch the feed every 2 s; before a case asserts what a feed change does, the demo
 waits (a bounded while) until that QuoteFlow has taken it: its answer's rate, or
 its ``/metrics`` (``quoteflow_fx_rates_fresh``, ``quoteflow_fx_refresh_failures``).
+
+Between the cache cases and the worked suppliers' comes hedging, against a
+QuoteFlow hedging boreal (``--hedged``; ``make run`` starts one with
+``--hedge``): boreal's answers get a lognormal tail, a warm-up lets QuoteFlow
+learn boreal's answer times, and the banner's request is asked (bounded) until
+its bill shows a hedged call: a second attempt sent while the first was late,
+the winner, the loser cancelled. Not given (or not hedging), the case is left
+out, saying so.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import datetime as dt
 import itertools
 import math
@@ -66,7 +75,7 @@ from provider_lab.catalogue import (
 )
 from provider_lab.control_client import LabControl, LabError
 from provider_lab.dialects import CURRENCY as JSON_CURRENCY
-from provider_lab.run_pair import CART_QUANTITY, CART_SKUS
+from provider_lab.run_pair import BOREAL_TAIL, CART_QUANTITY, CART_SKUS
 
 Fault = Mapping[str, object]
 
@@ -1094,6 +1103,203 @@ async def sharing_runs(
     else:
         missing.append("the quote cache is off (--cache-size N): its cases are left out.")
     return runs, missing
+
+
+# -- hedging: a supplier with a tail, a late first attempt joined by a hedge (issue 48) ----
+
+HEDGE_LEAD: Final = (
+    "hedging: boreal's answers with a lognormal tail (PUT /faults/boreal latency, median "
+    f"{BOREAL_TAIL['ms']} ms, sigma {BOREAL_TAIL['sigma']}), through the hedged QuoteFlow "
+    "(--hedge: a second attempt once the first is out past boreal's 0.7 percentile of recent "
+    "answer times) at"
+)
+NO_HEDGED: Final = (
+    "No hedged QuoteFlow {why}; the hedge case is left out (make run starts one at 9105; "
+    "--hedged URL)."
+)
+"""``why``: ``given``, or where none answers, or what the one there lacks."""
+HEDGE_WARM_UP: Final = 8
+"""Requests each warm-up caller asks: QuoteFlow trusts a percentile's delay after 10 of boreal's
+answers, and hedges only once some of its calls ran past the time a first attempt has."""
+HEDGE_WARM_UP_SKUS: Final = ("HOT-01", "HOT-02", "HOT-03")
+"""One SKU per warm-up caller (quantity 1): no two requests in flight are identical."""
+HEDGE_TRIES: Final = 80
+HEDGE_WITHIN_S: Final = 45.0
+"""At most this many requests, for at most this long, until one's bill shows a hedge that won."""
+HEDGED: Final = Case(
+    "hedge: boreal's tail",
+    "boreal's first attempt was still out past its hedge delay: QuoteFlow sent a second beside "
+    'it ("hedge": true), the first quote to come won ("won") and the other attempt was '
+    "cancelled, its connection closed; boreal's quote, on budget",
+    attempts=None,
+)
+
+
+async def hedged_at(session: aiohttp.ClientSession, url: str) -> str | None:
+    """Why the QuoteFlow at ``url`` cannot show the hedge case (None: it can)."""
+    if not await worked_suppliers_at(session, url):
+        return f"asking atlas, boreal and cedar at {url}"
+    if 'quoteflow_hedge_tokens{supplier="boreal"}' not in await _metric_names(session, url):
+        return f"at {url}: the QuoteFlow there does not hedge boreal (no --hedge)"
+    return None
+
+
+def attempts_from_svg(drawing: str, supplier: str) -> dict[str, Any]:
+    """``supplier``'s attempts and ``won`` as its row of the waterfall carries them."""
+    for row in ET.fromstring(drawing).iter(f"{SVG_NS}g"):
+        if row.get("data-supplier") != supplier:
+            continue
+        attempts: list[dict[str, Any]] = []
+        won = None
+        for element in row.iter(f"{SVG_NS}g"):
+            found = element.attrib
+            if "data-attempt" in found:
+                attempt: dict[str, Any] = {
+                    "attempt": int(found["data-attempt"]),
+                    "outcome": found["data-outcome"],
+                    "start_ms": float(found["data-start-ms"]),
+                    "slot_wait_ms": float(found["data-slot-wait-ms"]),
+                    "duration_ms": float(found["data-duration-ms"]),
+                }
+                if found.get("data-hedge") == "true":
+                    attempt["hedge"] = True
+                attempts.append(attempt)
+            elif found.get("data-mark") == "won":
+                won = int(found["data-mark-value"])
+        return {"attempts": attempts, "won": won}
+    return {"attempts": [], "won": None}
+
+
+def _why_unhedged(bill: Mapping[str, Any]) -> str:
+    """How a bill of boreal's with no winning hedge reads: no hedge, a refused one, no winner."""
+    if any(attempt.get("hedge") for attempt in bill.get("attempts", ())):
+        return "hedged with no winner in the bill"
+    if (why := bill.get("hedge_refused")) is not None:
+        return f"hedge refused ({why})"
+    return "not hedged (boreal answered within its hedge delay, or none was due yet)"
+
+
+def _won(result: dict[str, Any]) -> bool:
+    """Whether boreal's bill shows a hedged call: two attempts, the second a hedge, a winner."""
+    bill = _boreal_bill(result)
+    hedges = [attempt for attempt in bill.get("attempts", ()) if attempt.get("hedge")]
+    return len(hedges) == 1 and bill.get("won") in (1, 2)
+
+
+async def _hedge_asked(
+    session: aiohttp.ClientSession, service_url: str, request_id: str, drawn: bool
+) -> tuple[dict[str, Any], str]:
+    """The banner's request (``{}``) under ``request_id``: the answer with its bill, and its
+    waterfall if ``drawn`` (the answer then read from the drawing)."""
+    if not drawn:
+        return await _explained(session, service_url, request_id), ""
+    async with session.post(
+        f"{service_url}/api/quotes?explain=svg", json={}, headers={"X-Request-ID": request_id}
+    ) as response:
+        drawing = await response.text()
+        if response.status != 200:
+            raise LabError(f"QuoteFlow answered {response.status}: {drawing}")
+    result = answer_from_svg(drawing)
+    result["explain"]["suppliers"]["boreal"].update(attempts_from_svg(drawing, "boreal"))
+    return result, drawing
+
+
+def _hedge_words(result: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """What a user reads in boreal's bill of a hedged call, and how it differs from a hedge's
+    rule: notes, problems."""
+    bill = _boreal_bill(result)
+    attempts = {attempt["attempt"]: attempt for attempt in bill["attempts"]}
+    won = int(bill["won"])
+    problems = []
+    if sorted(attempts) != [1, 2] or not attempts[2].get("hedge") or attempts[1].get("hedge"):
+        problems.append(f"boreal's attempts {bill['attempts']}, expected 1 and its hedge 2")
+        return [], problems
+    winner, loser = attempts[won], attempts[3 - won]
+    if winner["outcome"] != "ok":
+        problems.append(f"attempt {won} won with the outcome {winner['outcome']}, not ok")
+    if loser["outcome"] != "cancelled":
+        problems.append(f"the losing attempt's outcome is {loser['outcome']}, not cancelled")
+    first, hedge = attempts[1], attempts[2]
+    sent = first["start_ms"] + first["slot_wait_ms"]
+    after = hedge["start_ms"] - sent
+    if after <= 0:
+        problems.append(f"the hedge began {after:.1f} ms after the first attempt was sent")
+    ends = {n: a["start_ms"] + a["slot_wait_ms"] + a["duration_ms"] for n, a in attempts.items()}
+    notes = [
+        f"boreal's attempt 1 went at {sent:.1f} ms and was still out {after:.1f} ms later (its "
+        f"hedge delay): attempt 2, the hedge, went at {hedge['start_ms']:.1f} ms",
+        f"attempt {won} won: its quote came at {ends[won]:.1f} ms, after "
+        f"{winner['duration_ms']:.1f} ms on the wire; attempt {3 - won} was cancelled at "
+        f"{ends[3 - won]:.1f} ms (outcome {loser['outcome']}), not a failure; the answer in "
+        f"{float(result['elapsed_ms']):.1f} ms",
+    ]
+    return notes, problems
+
+
+async def hedged_call(
+    session: aiohttp.ClientSession, lab: LabControl, service_url: str, svg: Path | None = None
+) -> Outcome:
+    """boreal's tail on; a warm-up; then the banner's request until its bill shows a hedge.
+
+    ``svg``: the hedged request is asked drawn (``?explain=svg``), checked from the drawing,
+    and the drawing written there as ``svg_name(HEDGED)``.
+    """
+    await lab.fresh()
+    notes = []
+    if note := await earn_a_retry(session, service_url, "boreal"):
+        notes.append(note)  # an empty retry budget stops hedges too
+        await lab.fresh()
+    tag = secrets.token_hex(3)
+    loop = asyncio.get_running_loop()
+    await lab.add_fault("boreal", BOREAL_TAIL)
+    try:
+
+        async def caller(sku: str) -> None:
+            for n in range(HEDGE_WARM_UP):
+                await _explained(session, service_url, f"warm-{sku}-{n}-{tag}", sku=sku, quantity=1)
+
+        began = loop.time()
+        await asyncio.gather(*(caller(sku) for sku in HEDGE_WARM_UP_SKUS))
+        warm_s = loop.time() - began
+        asked, unhedged = 0, collections.Counter[str]()
+        give_up = loop.time() + HEDGE_WITHIN_S
+        while True:
+            asked += 1
+            result, drawing = await _hedge_asked(
+                session, service_url, f"hedge{asked}-{tag}", svg is not None
+            )
+            if _won(result) or asked >= HEDGE_TRIES or loop.time() >= give_up:
+                break
+            unhedged[_why_unhedged(_boreal_bill(result))] += 1
+    finally:
+        await lab.clear_faults()
+    await lab.wait_idle()
+    if svg is not None and drawing:
+        (svg / svg_name(HEDGED)).write_text(drawing, encoding="utf-8")
+    warmed = len(HEDGE_WARM_UP_SKUS) * HEDGE_WARM_UP
+    before = ", ".join(f"{n} {why}" for why, n in unhedged.items())
+    notes.append(
+        f"warm-up: {warmed} requests by {len(HEDGE_WARM_UP_SKUS)} callers in {warm_s:.1f} s "
+        f"(QuoteFlow hedges after 10 of boreal's answers, once some ran past a first attempt's "
+        f"time); then the banner's request, asked {_count(asked, 'time')}, was hedged"
+        + (f"; before it, {before}" if before else "")
+    )
+    problems: list[str] = []
+    if _won(result):
+        words, problems = _hedge_words(result)
+        notes += words
+    else:
+        problems.append(
+            f"no hedged call that won in {asked} requests ({HEDGE_WITHIN_S:g} s at most): "
+            f"boreal's last bill {_boreal_bill(result)}"
+        )
+    attempts = await lab.attempts(result["request_id"])
+    if _won(result) and attempts["boreal"] != 2:
+        notes.append(
+            f"the lab received {attempts['boreal']} of boreal's attempts: the loser was "
+            "cancelled before its request reached it"
+        )
+    return _row_of(HEDGED, result, attempts, problems, notes)
 
 
 # -- the lab's dialects: docs/suppliers.md's three worked suppliers (issue 29) ------------
@@ -2342,6 +2548,7 @@ async def demo(
     dialects_url: str | None = None,
     batch_url: str | None = None,
     svg: Path | None = None,
+    hedged_url: str | None = None,
 ) -> int:
     """Run every case in order and print the table; 0 if all behaved as expected.
 
@@ -2351,6 +2558,8 @@ async def demo(
     its batch dialect (``make run`` starts one); given, the cart cases come
     last: the classic cart against ``service_url`` (it needs nothing else),
     the batch ones against ``batch_url`` if a QuoteFlow answers there.
+    ``hedged_url``: a QuoteFlow hedging boreal (``--hedge``; ``make run`` starts one);
+    given, the hedge case comes after the coalescing and cache cases.
     """
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         lab = LabControl(session, lab_url)
@@ -2378,6 +2587,13 @@ async def demo(
             runs, missing = await sharing_runs(session, service_url)
             for line in missing:
                 print(f"QuoteFlow's {line}")
+            if hedged_url is None:
+                missing.append("--hedged")
+                print(NO_HEDGED.format(why="given"))
+            elif why := await hedged_at(session, hedged_url):
+                missing.append(hedged_url)
+                print(NO_HEDGED.format(why=why))
+                hedged_url = None
             if dialects_url and not await worked_suppliers_at(session, dialects_url):
                 missing.append(dialects_url)
                 print(
@@ -2403,6 +2619,7 @@ async def demo(
             print(_row(CATALOGUE_COLUMNS))
             cases = catalogue_cases(suppliers)
             runs = []  # the coalescing and cache cases are written for the lesson's three
+            hedged_url = None  # so is the hedge case
             dialects_url = None  # so are the worked suppliers
             carts = False  # and the carts
             offers = False  # and the offers
@@ -2418,6 +2635,11 @@ async def demo(
                 print("\n".join(format_outcome(outcome)), flush=True)
         for run in runs:
             outcome = await run(session, lab, service_url)
+            outcomes.append(outcome)
+            print("\n".join(format_outcome(outcome)), flush=True)
+        if hedged_url:
+            print(f"{HEDGE_LEAD} {hedged_url}:", flush=True)
+            outcome = await hedged_call(session, lab, hedged_url, svg)
             outcomes.append(outcome)
             print("\n".join(format_outcome(outcome)), flush=True)
         if dialects_url:
@@ -2463,7 +2685,7 @@ async def demo(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m provider_lab.demo [--service URL] [--lab URL] [--dialects URL]
-    [--batch URL]``."""
+    [--batch URL] [--hedged URL] [--svg DIR]``."""
     parser = argparse.ArgumentParser(
         prog="python -m provider_lab.demo",
         description="Drive every scenario and fault through a running QuoteFlow and lab.",
@@ -2483,11 +2705,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(make run starts one); the cart cases come last ('': leave them out)",
     )
     parser.add_argument(
+        "--hedged",
+        default="",
+        help="the URL of a QuoteFlow hedging boreal (--hedge) at the same lab (make run starts "
+        "one at http://127.0.0.1:9105); its hedge case comes after the cache cases (not given: "
+        "left out)",
+    )
+    parser.add_argument(
         "--svg",
         type=Path,
         metavar="DIR",
-        help="write each case of the main table as a waterfall, DIR/<case>.svg (the answer "
-        "asked with ?explain=svg and checked from the drawing)",
+        help="write each case of the main table, and the hedge case, as a waterfall, "
+        "DIR/<case>.svg (the answer asked with ?explain=svg and checked from the drawing)",
     )
     args = parser.parse_args(argv)
     if args.svg is not None:
@@ -2499,6 +2728,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.dialects.rstrip("/") or None,
             args.batch.rstrip("/") or None,
             args.svg,
+            args.hedged.rstrip("/") or None,
         )
     )
 

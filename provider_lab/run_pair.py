@@ -8,8 +8,11 @@ path and an API key), from a catalogue file written for the lab's address,
 with the lab's two secrets in its environment, and a third QuoteFlow asking
 atlas, boreal and cedar in the lab's batch dialect (docs/suppliers.md's "Batch
 suppliers": up to 20 lines of a cart per call), from a catalogue file written
-for the lab's address too. Those two start once the lab answers, so the first
-token fetch finds the token endpoint up. Every QuoteFlow prices offers in another
+for the lab's address too, and a fourth, hedged (``--hedge`` and none of the
+flags after ``--``), asking the lab as the first does, for a supplier with a
+tail (``BOREAL_TAIL``, switched on by hand or by ``make demo``). Those three
+start once the lab answers, so the first token fetch finds the token endpoint
+up. Every QuoteFlow prices offers in another
 currency at the lab's daily rates in the ECB's format (``--fx-rates``), fetched
 every ``FX_REFRESH_S`` seconds (``--fx-refresh 2``, not the hourly default), so a
 rate changed at the lab's ``/fx`` control, or a stale or failing feed, shows in
@@ -125,6 +128,13 @@ CART_QUANTITY: Final = 2
 from atlas (shipping for most, lower unit prices), shipping paid once, it costs less."""
 
 
+HEDGED_PORT: Final = 9105
+"""The hedged QuoteFlow: ``--hedge``, pointed at the lab as the first one is."""
+BOREAL_TAIL: Final = {"kind": "latency", "ms": 200, "sigma": 0.9}
+"""boreal's lognormal tail (``bench/tails.py``'s): median 200 ms, about 6 % of its answers past
+the 0.8 s budget; what the banner's curl and ``make demo``'s hedge case switch on."""
+
+
 FX_REFRESH_S: Final = 2
 """Seconds between two fetches of the lab's rates by each QuoteFlow (``--fx-refresh``)."""
 
@@ -185,6 +195,7 @@ def _banner(
     dialects_url: str | None = None,
     batch_url: str | None = None,
     console: bool = False,
+    hedged_url: str | None = None,
 ) -> str:
     body = '{"quantity":2,"scenario":"flaky"}'
     lines = [
@@ -209,6 +220,11 @@ def _banner(
         lines.append(
             f"QuoteFlow     {batch_url}   (batch suppliers: atlas, boreal and cedar in the lab's "
             f"batch dialect, up to {BATCH_MAX_ITEMS} cart lines a call)"
+        )
+    if hedged_url is not None:
+        lines.append(
+            f"QuoteFlow     {hedged_url}   (hedged, --hedge: a second attempt once the first is "
+            "out past the supplier's 0.7 percentile of recent answer times, after 10 answers)"
         )
     lines += [
         "",
@@ -249,8 +265,21 @@ def _banner(
             f"  curl -s -X POST {batch_url}/api/carts "
             f"-H 'Content-Type: application/json' -d '{cart_body()}'",
         ]
-    everyone = {0: "both", 1: "all three", 2: "all four"}[
-        (dialects_url is not None) + (batch_url is not None)
+    if hedged_url is not None:
+        tail = json.dumps(BOREAL_TAIL)
+        lines += [
+            f"and, to see a hedge (boreal's answers get a lognormal tail, median "
+            f"{BOREAL_TAIL['ms']} ms; ask the hedged QuoteFlow a few dozen times: once it has "
+            "learned the tail,",
+            'a late first attempt is joined by a "hedge": true one, the bill says which "won" and '
+            "the loser is cancelled; DELETE undoes the tail):",
+            f"  curl -s -X PUT {lab_url}/faults/boreal -d '{tail}'",
+            f"  curl -s -X POST '{hedged_url}/api/quotes?explain=1' -d '{{}}'",
+            f"  curl -s -X POST '{hedged_url}/api/quotes?explain=svg' -d '{{}}' > hedge.svg",
+            f"  curl -s -X DELETE {lab_url}/faults/boreal",
+        ]
+    everyone = {0: "both", 1: "all three", 2: "all four", 3: "all five"}[
+        (dialects_url is not None) + (batch_url is not None) + (hedged_url is not None)
     ]
     lines += [
         "",
@@ -267,15 +296,18 @@ async def run(
     dialects_port: int | None = DIALECTS_PORT,
     batch_port: int | None = BATCH_PORT,
     console: bool = False,
+    hedged_port: int | None = HEDGED_PORT,
 ) -> int:
     """Start them all, wait for a signal or a child's death, stop them all; the exit code.
 
     ``console``: the first QuoteFlow serves the console, with this lab's controls.
+    ``hedged_port``: a QuoteFlow with ``--hedge``, asking the lab as the first does.
     """
     lab_url = f"http://{host}:{lab_port}"
     service_url = f"http://{host}:{service_port}"
     dialects_url = None if dialects_port is None else f"http://{host}:{dialects_port}"
     batch_url = None if batch_port is None else f"http://{host}:{batch_port}"
+    hedged_url = None if hedged_port is None else f"http://{host}:{hedged_port}"
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -326,6 +358,14 @@ async def run(
                         await quoteflow(batch_port, *extra, "--suppliers", str(catalogue))
                     )
                     later["QuoteFlow of the batch suppliers"] = (batch_url, services[-1])
+                if hedged_port is not None and hedged_url is not None and ready["provider lab"]:
+                    # Its own flags alone, not ``extra``: a coalesced call's bill does not
+                    # carry ``won`` or ``hedge_refused`` (coalesce.py's ``_settle``), and the
+                    # bill of a hedge is what this QuoteFlow is there to show.
+                    services.append(
+                        await quoteflow(hedged_port, "--provider-url", lab_url, "--hedge")
+                    )
+                    later["hedged QuoteFlow"] = (hedged_url, services[-1])
                 answered = await asyncio.gather(
                     *(wait_ready(url, child, session) for url, child in later.values())
                 )
@@ -335,9 +375,10 @@ async def run(
                 missing = [name for name, ok in ready.items() if not ok]
                 print(f"run: {' and '.join(missing)} did not start; stopping", file=sys.stderr)
                 return 1
-            print(
-                _banner(lab_url, service_url, extra, dialects_url, batch_url, console), flush=True
+            banner = _banner(
+                lab_url, service_url, extra, dialects_url, batch_url, console, hedged_url
             )
+            print(banner, flush=True)
             waiters: list[asyncio.Task[object]] = [asyncio.create_task(stop.wait())]
             waiters += [asyncio.create_task(child.wait()) for child in (*services, lab)]
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
@@ -356,7 +397,7 @@ async def run(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m provider_lab.run_pair [--host] [--lab-port] [--port] [--dialects-port]
-    [--batch-port] [-- quoteflow flags]``."""
+    [--batch-port] [--hedged-port] [-- quoteflow flags]``."""
     parser = argparse.ArgumentParser(
         prog="python -m provider_lab.run_pair",
         description="Run the provider lab and QuoteFlow together until Ctrl-C.",
@@ -377,16 +418,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"the port of the QuoteFlow asking the batch suppliers ({BATCH_PORT}); 0: none",
     )
     parser.add_argument(
+        "--hedged-port",
+        type=int,
+        default=HEDGED_PORT,
+        help=f"the port of the hedged QuoteFlow (--hedge, asking the lab as the first does; "
+        f"{HEDGED_PORT}); 0: none",
+    )
+    parser.add_argument(
         "--console",
         action="store_true",
         help="the first QuoteFlow serves /console, with this lab's fault and latency controls",
     )
-    parser.add_argument("extra", nargs="*", help="more QuoteFlow flags (every QuoteFlow), after --")
+    parser.add_argument(
+        "extra",
+        nargs="*",
+        help="more QuoteFlow flags (every QuoteFlow but the hedged one), after --",
+    )
     args = parser.parse_args(argv)
     dialects = args.dialects_port or None
     batch = args.batch_port or None
+    hedged = args.hedged_port or None
     return asyncio.run(
-        run(args.host, args.lab_port, args.port, args.extra, dialects, batch, args.console)
+        run(args.host, args.lab_port, args.port, args.extra, dialects, batch, args.console, hedged)
     )
 
 

@@ -10,13 +10,21 @@ from pytest_aiohttp import AiohttpServer
 
 from provider_lab.app import create_app as create_lab
 from provider_lab.control_client import LabControl
-from provider_lab.demo import CASES, answer_from_svg, run_case, svg_name
+from provider_lab.demo import (
+    CASES,
+    _hedge_words,
+    _won,
+    answer_from_svg,
+    attempts_from_svg,
+    run_case,
+    svg_name,
+)
 from provider_lab.state import LabConfig
 from quoteflow.app import create_app
 from quoteflow.config import Settings
 from quoteflow.waterfall import render_quote
 from tests.conftest import TEST_CONNECT_TIMEOUT
-from tests.test_waterfall import FLAKY, QUOTE, answer
+from tests.test_waterfall import FLAKY, QUOTE, answer, attempt
 
 
 def test_the_drawing_holds_what_the_demo_checks() -> None:
@@ -60,3 +68,31 @@ async def test_a_case_is_drawn_and_checked_from_its_drawing(
     tried = [g.get("data-outcome") for g in boreal.iter() if "data-attempt" in g.attrib]
     assert tried == ["http_503", "ok"]
     assert svg_name(case) == "scenario-flaky.svg"
+
+
+def test_a_hedged_call_is_read_back_from_its_drawing() -> None:
+    """The hedge case's checks, from the drawing: both attempts, the hedge, the winner, the
+    loser cancelled."""
+    boreal = {
+        "attempts": [
+            attempt(1, 0.5, "cancelled", duration_ms=300.0),
+            attempt(2, 150.0, hedge=True, duration_ms=20.0),
+        ],
+        "stopped": "success",
+        "won": 2,
+    }
+    drawing = render_quote(answer({"boreal": boreal}))
+    read = attempts_from_svg(drawing, "boreal")
+    assert read["won"] == 2
+    assert [(a["attempt"], a["outcome"], a.get("hedge", False)) for a in read["attempts"]] == [
+        (1, "cancelled", False),
+        (2, "ok", True),
+    ]
+    result = answer_from_svg(drawing)
+    result["explain"]["suppliers"]["boreal"].update(read)
+    assert _won(result)
+    notes, problems = _hedge_words(result)
+    assert problems == []
+    assert "attempt 2, the hedge, went at 150.0 ms" in notes[0]
+    assert "attempt 2 won" in notes[1]
+    assert attempts_from_svg(drawing, "atlas") == {"attempts": [], "won": None}

@@ -2,7 +2,8 @@
 
 ``make run`` also starts a second QuoteFlow asking docs/suppliers.md's worked
 suppliers, whose demo cases (price breaks, tokens) run against it, and a third
-asking the lab's suppliers in its batch dialect, for the demo's last cases: carts.
+asking the lab's suppliers in its batch dialect, for the demo's last cases: carts,
+and a fourth, hedged (``--hedge``), for the demo's hedge case.
 """
 
 from __future__ import annotations
@@ -62,11 +63,14 @@ class Running:
     """The worked suppliers' QuoteFlow (``run_pair`` only; 0: none)."""
     batch_port: int = 0
     """The batch suppliers' QuoteFlow (``run_pair`` only; 0: none)."""
+    hedged_port: int = 0
+    """The hedged QuoteFlow (``run_pair`` only; 0: none)."""
 
     @property
     def quoteflow_ports(self) -> tuple[int, ...]:
         """Every QuoteFlow's port."""
-        return tuple(port for port in (self.port, self.dialects_port, self.batch_port) if port)
+        ports = (self.port, self.dialects_port, self.batch_port, self.hedged_port)
+        return tuple(port for port in ports if port)
 
     async def line_containing(self, text: str, within_s: float = 20.0) -> str:
         """Wait for an output line containing ``text``."""
@@ -88,7 +92,7 @@ async def _drain(stream: asyncio.StreamReader, lines: list[str]) -> None:
 
 
 async def start_pair(
-    lab_port: int, port: int, dialects_port: int, batch_port: int
+    lab_port: int, port: int, dialects_port: int, batch_port: int, hedged_port: int
 ) -> tuple[Running, asyncio.Task[None]]:
     """Start ``run_pair`` and keep reading what it and its children print."""
     process = await asyncio.create_subprocess_exec(
@@ -103,6 +107,8 @@ async def start_pair(
         str(dialects_port),
         "--batch-port",
         str(batch_port),
+        "--hedged-port",
+        str(hedged_port),
         # As `make run` starts it: with coalescing and the quote cache.
         "--",
         "--coalesce",
@@ -114,7 +120,7 @@ async def start_pair(
         # too, which hold the output pipe the reader waits on.
         start_new_session=True,
     )
-    running = Running(process, [], lab_port, port, dialects_port, batch_port)
+    running = Running(process, [], lab_port, port, dialects_port, batch_port, hedged_port)
     assert process.stdout is not None
     return running, asyncio.create_task(_drain(process.stdout, running.lines))
 
@@ -130,7 +136,8 @@ async def stop_pair(running: Running, reader: asyncio.Task[None]) -> None:
 @pytest.fixture
 async def running_pair() -> AsyncIterator[Running]:
     """``run_pair`` on free ports; killed at the end if a test left it running."""
-    running, reader = await start_pair(free_port(), free_port(), free_port(), free_port())
+    ports = (free_port() for _ in range(5))
+    running, reader = await start_pair(*ports)
     try:
         yield running
     finally:
@@ -217,7 +224,7 @@ def test_run_pair_asks_the_batch_suppliers_in_the_labs_batch_dialect() -> None:
 
 async def test_demo_shows_every_case_as_expected(running_pair: Running) -> None:
     """``make demo`` against the running pair: every case behaves as the contract says."""
-    await running_pair.line_containing("Ctrl-C stops all four")
+    await running_pair.line_containing("Ctrl-C stops all five")
     demo = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -230,17 +237,21 @@ async def test_demo_shows_every_case_as_expected(running_pair: Running) -> None:
         f"http://127.0.0.1:{running_pair.dialects_port}",
         "--batch",
         f"http://127.0.0.1:{running_pair.batch_port}",
+        "--hedged",
+        f"http://127.0.0.1:{running_pair.hedged_port}",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
-    # About 20 s; a misbehaving QuoteFlow makes the token cases poll (12 s at most each).
-    out, _ = await asyncio.wait_for(demo.communicate(), 120)
+    # About 25 s; a misbehaving QuoteFlow makes the token cases poll (12 s at most each),
+    # and the hedge case asks for 45 s at most.
+    out, _ = await asyncio.wait_for(demo.communicate(), 180)
     text = out.decode()
     assert demo.returncode == 0, text
     assert "cases behaved as the contract says" in text
     assert "scenario flaky" in text
     for case in ("a joined call", "a joiner leaves", "a cached quote", "stale covers a 503"):
         assert case in text
+    assert "hedge: boreal's tail " in text
     for case in (
         "price break at quantity 1 ",
         "price break at quantity 10 ",
@@ -297,7 +308,7 @@ async def test_a_child_that_cannot_start_stops_the_other() -> None:
     """If the lab's port is taken, ``run_pair`` exits 1 and leaves no QuoteFlow behind."""
     blocker = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
     lab_port = blocker.sockets[0].getsockname()[1]
-    running, reader = await start_pair(lab_port, free_port(), free_port(), free_port())
+    running, reader = await start_pair(lab_port, free_port(), free_port(), free_port(), free_port())
     try:
         assert await asyncio.wait_for(running.process.wait(), 30) == 1
         # Checked before the teardown, which would stop a QuoteFlow left behind;
@@ -316,7 +327,9 @@ async def test_a_batch_quoteflow_that_cannot_start_stops_the_others() -> None:
     """If the batch suppliers' port is taken, ``run_pair`` says so, exits 1, leaves nothing."""
     blocker = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
     batch_port = blocker.sockets[0].getsockname()[1]
-    running, reader = await start_pair(free_port(), free_port(), free_port(), batch_port)
+    running, reader = await start_pair(
+        free_port(), free_port(), free_port(), batch_port, free_port()
+    )
     try:
         assert await asyncio.wait_for(running.process.wait(), 30) == 1
         await asyncio.wait_for(asyncio.shield(reader), 10)
