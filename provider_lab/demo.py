@@ -1110,7 +1110,7 @@ async def sharing_runs(
 HEDGE_LEAD: Final = (
     "hedging: boreal's answers with a lognormal tail (PUT /faults/boreal latency, median "
     f"{BOREAL_TAIL['ms']} ms, sigma {BOREAL_TAIL['sigma']}), through the hedged QuoteFlow "
-    "(--hedge: a second attempt once the first is out past boreal's 0.7 percentile of recent "
+    "(--hedge: a second attempt once the first is out past boreal's 0.65 percentile of recent "
     "answer times) at"
 )
 NO_HEDGED: Final = (

@@ -224,7 +224,7 @@ def _banner(
     if hedged_url is not None:
         lines.append(
             f"QuoteFlow     {hedged_url}   (hedged, --hedge: a second attempt once the first is "
-            "out past the supplier's 0.7 percentile of recent answer times, after 10 answers)"
+            "out past the supplier's 0.65 percentile of recent answer times, after 10 answers)"
         )
     lines += [
         "",

@@ -195,6 +195,10 @@ class CoalescingGateway:
             waiter.trace.gave_up_after = call.bill.gave_up_after
             waiter.trace.token_wait = call.bill.token_wait
             waiter.trace.rate_wait = call.bill.rate_wait
+            # A hedged call's race: which attempt won, or why no hedge went.
+            waiter.trace.hedged = call.bill.hedged
+            waiter.trace.won = call.bill.won
+            waiter.trace.hedge_refused = call.bill.hedge_refused
         elif waiter is not call.starter:
             waiter.trace.stopped = STOPPED_JOINED
         if waiter is not call.starter:

@@ -382,3 +382,25 @@ async def test_a_reload_that_keeps_the_burst_keeps_the_buckets_level(
     write_catalogue(tmp_path / "suppliers.toml", entries)
     reload_all(client.app)
     assert await level() == "4.0"
+
+
+async def test_with_coalescing_the_bill_still_says_which_attempt_won(
+    start: Start, suppliers: FakeSuppliers
+) -> None:
+    """--coalesce runs the call as a shared one: its race's ``won`` reaches the caller's bill."""
+    suppliers.script("boreal", Watched(2.0))  # the first is slow: the hedge wins
+    client = await start({"hedge": {"delay": 0.05}}, coalesce=True)
+    bill = (await ask(client, "co-1"))["explain"]["suppliers"]["boreal"]
+    assert bill["won"] == 2
+    assert [
+        a.get("hedge", False) for a in sorted(bill["attempts"], key=lambda a: a["attempt"])
+    ] == [
+        False,
+        True,
+    ]
+    suppliers.script("boreal", fakes.delay(0.25))
+    client_two = await start(
+        {"hedge": {"delay": 0.05}}, coalesce=True, outbound_limit=1, supplier_share=1
+    )
+    refused = (await ask(client_two, "co-2"))["explain"]["suppliers"]["boreal"]
+    assert refused["hedge_refused"] == "no_slot"
