@@ -773,7 +773,12 @@ def _pick(pick: Pick) -> dict[str, Any]:
 
 def encode_errors(errors: tuple[FieldError, ...]) -> list[dict[str, Any]]:
     """Field errors as the contract's ``detail`` list."""
-    return [{"loc": list(error.loc), "msg": error.msg} for error in errors]
+    return [
+        {"loc": list(error.loc), "msg": error.msg}
+        if error.row is None
+        else {"loc": list(error.loc), "msg": error.msg, "row": error.row}
+        for error in errors
+    ]
 
 
 def _ms(seconds: float) -> float:

@@ -89,6 +89,8 @@ class FieldError:
 
     loc: tuple[str | int, ...]
     msg: str
+    row: int | None = None
+    """For a CSV cart: the physical line of the file the problem is on."""
 
 
 class InvalidRequest(QuoteFlowError):

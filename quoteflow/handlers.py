@@ -17,6 +17,7 @@ from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from quoteflow.apidoc import openapi_document
+from quoteflow.bom import CsvCart, basket_csv, csv_body_cap, decode_csv_cart
 from quoteflow.callers import QUOTA_EXCEEDED, SEATS_EXCEEDED, Caller, Gate, Pass
 from quoteflow.codec import (
     decode_cart,
@@ -184,9 +185,18 @@ async def carts(request: web.Request) -> web.Response:
     cart takes one of its caller's seats and one unit of its rate per line.
     """
     service = request.app[SERVICE]
+    given = request.headers.get(hdrs.CONTENT_TYPE)
+    kind = None if given is None else request.content_type
+    if kind not in _CART_TYPES:
+        return _error(415, "unsupported_media_type", accepted=sorted(_CART_TYPES - {None}))
     service.ensure_cart_capacity()
     max_lines = request.app[MAX_CART_LINES]
-    cart = decode_cart(await _read_body(request, cart_body_cap(max_lines)), max_lines)
+    from_file: CsvCart | None = None
+    if kind == CSV:
+        from_file = decode_csv_cart(await _read_body(request, csv_body_cap(max_lines)), max_lines)
+        cart = from_file.cart
+    else:
+        cart = decode_cart(await _read_body(request, cart_body_cap(max_lines)), max_lines)
     _answerable(service, cart.currency)
     gate_pass = None
     if GATE in request.app:
@@ -202,12 +212,31 @@ async def carts(request: web.Request) -> web.Response:
             gate_pass.leave()
     request.app[TELEMETRY].cart_served(report)
     body = encode_cart(report.result)
+    if from_file is not None:
+        for line, ref in zip(body["lines"], from_file.refs, strict=True):
+            if ref is not None:
+                line["ref"] = ref
+        body["ignored_columns"] = list(from_file.ignored_columns)
+        body["skipped_rows"] = [
+            {"row": row, "reason": reason} for row, reason in from_file.skipped_rows
+        ]
     explain = request.query.get("explain")
     if explain is not None and explain in _EXPLAINED:
         body["explain"] = _traced(request, encode_cart_explain(report))
         if explain == "svg":
             return _svg(render_cart(body))
+        return _json(body)  # the bill is JSON, whatever else was asked
+    if request.query.get("format") == "csv" or CSV in request.headers.get(hdrs.ACCEPT, ""):
+        return web.Response(
+            body=basket_csv(body), content_type=CSV, charset="utf-8", headers=_CSV_HEADERS
+        )
     return _json(body)
+
+
+CSV = "text/csv"
+_CART_TYPES = frozenset({None, "application/json", "application/x-www-form-urlencoded", CSV})
+"""Bodies a cart is read from: JSON (also curl's ``-d`` default, and no type at all), CSV."""
+_CSV_HEADERS = {"Content-Disposition": 'attachment; filename="basket.csv"'}
 
 
 _EXPLAINED = frozenset({"1", "true", "svg"})

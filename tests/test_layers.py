@@ -52,6 +52,7 @@ LAYERS = [
     "catalogue",
     "batching",
     "templates",
+    "bom",
     "codec",
     "models",
     "config",
