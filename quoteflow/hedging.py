@@ -177,13 +177,11 @@ class Hedging:
             return NO_TURN
         if state.tokens is not None and state.tokens.current() is None:
             return NO_TOKEN
-        if hedges.tokens < 1 or state.retry_budget.tokens < 1:
-            return NO_TOKEN
+        if state.retry_budget.tokens < 1 or not hedges.try_spend():
+            return NO_TOKEN  # in the fleet, this worker's pool: a sync refills it
         if not self._slots.try_acquire(name):
+            hedges.paid_off()  # the token back: nothing was sent
             return NO_SLOT
-        if not hedges.try_spend():  # in the fleet: this worker's pool is empty for now
-            self._slots.release(name)
-            return NO_TOKEN
         rate = state.spec.rate
         if rate is not None and not self._turns.take_now(name, rate):
             self._slots.release(name)

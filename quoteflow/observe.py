@@ -588,10 +588,6 @@ class Telemetry:
                 self._slot_wait.observe(record.slot_wait)
                 if record.backoff is not None:
                     self._retries.inc(trace.supplier, record.outcome)
-                if record.hedge:
-                    self._hedges.inc(trace.supplier, "sent")
-                if record.outcome == CANCELLED:
-                    self._hedges.inc(trace.supplier, "cancelled")
                 if log.isEnabledFor(level):
                     log_event(
                         log,
@@ -599,10 +595,7 @@ class Telemetry:
                         "supplier_attempt",
                         _attempt_fields(result.request_id, trace, record, deadline, last),
                     )
-            if trace.won == 2:
-                self._hedges.inc(trace.supplier, "won")
-            if trace.hedge_refused is not None:
-                self._hedges_refused.inc(trace.supplier, trace.hedge_refused)
+            self._hedged(trace)
             if trace.stopped == STOPPED_DEADLINE:
                 self._timeouts.inc(trace.supplier)
             elif trace.stopped == STOPPED_CIRCUIT_OPEN:
@@ -638,6 +631,19 @@ class Telemetry:
                 fields["gave_up"] = gave_up  # no slot in time: no attempt line says so
             log_event(log, logging.INFO, "quote_request", fields)
 
+    def _hedged(self, trace: SupplierTrace) -> None:
+        """A call's hedged race, if it had one: sent, won, cancelled, or why none went."""
+        if trace.hedged:
+            for record in trace.attempts:
+                if record.hedge:
+                    self._hedges.inc(trace.supplier, "sent")
+                if record.outcome == CANCELLED:
+                    self._hedges.inc(trace.supplier, "cancelled")
+            if trace.won == 2:
+                self._hedges.inc(trace.supplier, "won")
+        elif trace.hedge_refused is not None:
+            self._hedges_refused.inc(trace.supplier, trace.hedge_refused)
+
     def cart_served(self, report: CartReport) -> None:
         """A cart was answered: count its lines and calls, log one event for it.
 
@@ -650,6 +656,7 @@ class Telemetry:
             for record in trace.attempts:
                 self._attempts.inc(trace.supplier, str(record.attempt), record.outcome)
                 self._slot_wait.observe(record.slot_wait)
+            self._hedged(trace)
             if len(trace.lines) > 1:  # a batch call (one of a single line is not told apart)
                 self._batch_sizes.observe(len(trace.lines))
             stopped = calls.setdefault(trace.supplier, {})

@@ -254,6 +254,11 @@ class HedgeLimiter(Protocol):
         """Hedges that may still be sent now."""
         ...
 
+    @property
+    def held(self) -> float:
+        """Hedges this process holds itself (in the fleet, its pool): what its gauge shows."""
+        ...
+
     def earned(self) -> None:
         """An attempt sent to the supplier brought a valid quote: a share of a hedge."""
         ...
@@ -283,6 +288,11 @@ class HedgeBudget:
         self.capacity = float(burst)
         self.earn = earn
         self.tokens = self.capacity
+
+    @property
+    def held(self) -> float:
+        """Hedges this process holds: all of its bucket."""
+        return self.tokens
 
     def earned(self) -> None:
         """A sent attempt brought a valid quote: ``earn`` more, up to the burst."""

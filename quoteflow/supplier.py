@@ -260,10 +260,10 @@ class SupplierClient:
         return self._suppliers[supplier].retry_budget.tokens
 
     def hedge_tokens(self, supplier: str) -> float | None:
-        """Hedges ``supplier`` may still send now; None: it is not hedged."""
+        """Hedges this process holds for ``supplier`` (in the fleet, its pool); None: unhedged."""
         state = self._suppliers.get(supplier)
         budget = None if state is None else state.hedge_budget
-        return None if budget is None else budget.tokens
+        return None if budget is None else budget.held
 
     async def quote(
         self,
@@ -390,17 +390,17 @@ class SupplierClient:
         """One attempt: wait for a slot, fetch, give the slot back, then decode.
 
         In a hedged race (``race``) a hedge (``hedge``) comes with its slot
-        and turn already taken by ``_may_hedge``.
+        and turn already taken by ``hedging.Hedging.refusal``.
         """
         waiting_since = time.monotonic()
         if hedge:
-            # Its slot and its turn were taken by ``_may_hedge``: a hedge never waits.
+            # Its slot and its turn were taken by ``hedging.Hedging.refusal``: a hedge never waits.
             authorization = None if state.tokens is None else state.tokens.current()
         else:
             # Wait for a slot only while the attempt could still finish: the time
             # this supplier has been seen to need must be left when it starts. With
             # no answer seen yet nothing is known, so it waits until the first
-            # answers say otherwise (``_Call.left``); the half-open probe always
+            # answers say otherwise (``Call.left``); the half-open probe always
             # waits, the only way a supplier's circuit closes again. A
             # wait the deadline (or the caller leaving) cancels never reached the
             # supplier: it is not an attempt, and goes on no bill.

@@ -789,9 +789,12 @@ async def test_the_hedge_bucket_is_one_bucket_for_the_fleet_beside_the_retry_buc
                 spent += worker.hedge_budgets["boreal"].try_spend()
             await asyncio.sleep(0.002)  # syncs withdraw from the bucket meanwhile
         assert spent == 10  # the burst, once for the fleet
-        for _ in range(25):  # 50 successes earn 10 hedges between them
+        for _ in range(25):  # 50 successes earn 10 hedges between them, into the bucket
             first.hedge_budgets["boreal"].earned()
             second.hedge_budgets["boreal"].earned()
+        for worker in (first, second):
+            worker.request_sync(0.0, force=True)  # (or their next heartbeat)
+        await asyncio.sleep(0.1)
         for _ in range(60):
             for worker in (first, second):
                 spent += worker.hedge_budgets["boreal"].try_spend()
@@ -806,6 +809,30 @@ async def test_the_hedge_bucket_is_one_bucket_for_the_fleet_beside_the_retry_buc
         async with redis_client(redis_server) as client:
             holdings = await fleet_holdings(client, "quoteflow")
         assert all(held.get("boreal#hedge") == 0 for held in holdings.values())
+
+
+async def test_workers_earning_at_once_never_hold_more_than_one_hedge_bucket(
+    redis_server: RedisServer,
+) -> None:
+    """Three workers each earn far past the burst: what they can spend is still one bucket."""
+    async with workers(redis_server, count=3, hedges={"boreal": (10, 0.2)}) as fleet:
+        budgets = [worker.hedge_budgets["boreal"] for worker in fleet]
+
+        async def spend_all() -> int:
+            spent = 0
+            for _ in range(60):
+                spent += sum(budget.try_spend() for budget in budgets)
+                await asyncio.sleep(0.005)  # syncs withdraw from the bucket meanwhile
+            return spent
+
+        assert await spend_all() == 10
+        for _ in range(100):  # 300 successes: 60 tokens earned, one bucket kept
+            for budget in budgets:
+                budget.earned()
+        for worker in fleet:
+            worker.request_sync(0.0, force=True)
+        await asyncio.sleep(0.2)
+        assert 9 <= await spend_all() <= 10
 
 
 async def test_on_their_own_two_workers_spend_one_hedge_bucket_between_them(

@@ -165,10 +165,21 @@ class FleetHedgeBudget(FleetRetryBudget):
         """Hedge tokens are not earned per request (see ``earned``)."""
 
     def earned(self) -> None:
-        """A sent attempt brought a valid quote: ``earn`` tokens, in both books."""
+        """A sent attempt brought a valid quote: ``earn`` tokens, in both books.
+
+        In the fleet's they go to the bucket at the next sync, never straight
+        into this worker's pool: the script adds them only while the bucket
+        and every pool together hold less than one bucket, so workers earning
+        at once cannot hold a pool each beyond it.
+        """
         self._hedges.earned()
         if self.fleet:
-            self._credit(self.earn_per_request)
+            self._surplus += self.earn_per_request
+
+    @property
+    def held(self) -> float:
+        """Hedges this worker holds now: its pool (its own bucket while Redis is away)."""
+        return self.pool if self.fleet else self._hedges.tokens
 
     def re_earn(self, earn: float) -> None:
         """A reload's ``earn`` (the bucket's size, ``resize``, goes with the next sync)."""

@@ -191,7 +191,11 @@ for i = 1, n do
 end
 if others_want > 0 then cap_total = allowed_total - mine end
 if not quiet then
-  local start = now % n
+  -- Rotate over the suppliers themselves: a hedge bucket's entry (share 0,
+  -- after them) holds and wants no slot and must not tilt the ties.
+  local suppliers_n = 0
+  for i = 1, n do if shares[i] > 0 then suppliers_n = suppliers_n + 1 end end
+  local start = now % math.max(1, suppliers_n)
   while room_total > 0 and cap_total > 0 do
     local best
     for j = 0, n - 1 do
