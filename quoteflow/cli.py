@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from quoteflow import logs
+from quoteflow import cart_cli, logs
 from quoteflow.app import ServingRunner, begin_draining, create_app
 from quoteflow.catalogue import Catalogue
 from quoteflow.config import Settings
@@ -29,9 +29,16 @@ log = logging.getLogger("quoteflow")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run QuoteFlow until interrupted; a bad setting exits 2 with one line."""
+    """Run QuoteFlow until interrupted; a bad setting exits 2 with one line.
+
+    ``quoteflow cart FILE ...`` is a command of its own (``cart_cli``): a BOM
+    quoted by a running QuoteFlow, read before any of the service's options.
+    """
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] == "cart":
+        return cart_cli.main(args[1:])
     try:
-        settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
+        settings = parse_settings(args, os.environ)
         catalogue = load_catalogue(settings, os.environ)
         check_rates_file(settings.fx_rates)
         reserve_descriptors(ConnectionLimits.of(settings), settings.outbound_limit)

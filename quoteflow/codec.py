@@ -211,6 +211,14 @@ def _currency(value: Any, _: type) -> str:
     return value
 
 
+def decode_currency(value: Any) -> str:
+    """A ``currency`` given outside a JSON body (a CSV cart's ``?currency=``): the same rule.
+
+    Raises ``TypeError`` or ``ValueError`` with the message a JSON ``currency`` would get.
+    """
+    return _currency(value, str)
+
+
 def _strict_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
     converter.register_structure_hook(str, _strict_str)

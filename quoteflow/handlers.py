@@ -12,6 +12,7 @@ import random
 import re
 from typing import Any, Protocol, TypedDict
 
+import attrs
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -21,6 +22,7 @@ from quoteflow.bom import CsvCart, basket_csv, csv_body_cap, decode_csv_cart
 from quoteflow.callers import QUOTA_EXCEEDED, SEATS_EXCEEDED, Caller, Gate, Pass
 from quoteflow.codec import (
     decode_cart,
+    decode_currency,
     decode_request,
     encode_cart,
     encode_cart_explain,
@@ -195,6 +197,12 @@ async def carts(request: web.Request) -> web.Response:
     if kind == CSV:
         from_file = decode_csv_cart(await _read_body(request, csv_body_cap(max_lines)), max_lines)
         cart = from_file.cart
+        if "currency" in request.query:  # a CSV file has no key for it: ``?currency=``
+            try:
+                currency = decode_currency(request.query["currency"])
+            except (TypeError, ValueError) as exc:
+                raise InvalidRequest([FieldError(("currency",), str(exc))]) from None
+            cart = attrs.evolve(cart, currency=currency)
     else:
         cart = decode_cart(await _read_body(request, cart_body_cap(max_lines)), max_lines)
     _answerable(service, cart.currency)

@@ -16,6 +16,7 @@ import quoteflow
 LAYERS = [
     "__main__",
     "cli",
+    "cart_cli",
     "gunicorn_conf",
     "app",
     "spans",
