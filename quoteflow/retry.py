@@ -222,28 +222,36 @@ class AttemptTimeEstimate:
         self._lapse_at = lapse_at
 
 
-class RetryBudget:
-    """A per-supplier token bucket of retries that refills when retries pay off."""
+class TokenBucket:
+    """Tokens up to ``capacity``, full at start: one taken per extra attempt, one given back
+    when that attempt brought the quote. What refills it is the subclass's rule."""
 
-    def __init__(self, capacity: float, earn_per_request: float) -> None:
+    def __init__(self, capacity: float) -> None:
         self.capacity = capacity
-        self.earn_per_request = earn_per_request
         self.tokens = capacity
 
-    def first_attempt(self) -> None:
-        """Every request to the supplier earns a small share of a retry."""
-        self.tokens = min(self.capacity, self.tokens + self.earn_per_request)
-
     def try_spend(self) -> bool:
-        """Take one retry if the bucket holds one."""
+        """Take one token if the bucket holds one."""
         if self.tokens < 1:
             return False
         self.tokens -= 1
         return True
 
     def paid_off(self) -> None:
-        """The retry brought a quote: its token comes back."""
+        """The extra attempt brought a quote: its token comes back."""
         self.tokens = min(self.capacity, self.tokens + 1)
+
+
+class RetryBudget(TokenBucket):
+    """A per-supplier token bucket of retries that refills when retries pay off."""
+
+    def __init__(self, capacity: float, earn_per_request: float) -> None:
+        super().__init__(capacity)
+        self.earn_per_request = earn_per_request
+
+    def first_attempt(self) -> None:
+        """Every request to the supplier earns a small share of a retry."""
+        self.tokens = min(self.capacity, self.tokens + self.earn_per_request)
 
 
 class HedgeLimiter(Protocol):
@@ -272,7 +280,7 @@ class HedgeLimiter(Protocol):
         ...
 
 
-class HedgeBudget:
+class HedgeBudget(TokenBucket):
     """A per-supplier token bucket of hedges, earned by the supplier's successes.
 
     Retries and hedges protect different things: a retry answers a failure and
@@ -285,9 +293,8 @@ class HedgeBudget:
     """
 
     def __init__(self, burst: int, earn: float) -> None:
-        self.capacity = float(burst)
+        super().__init__(float(burst))
         self.earn = earn
-        self.tokens = self.capacity
 
     @property
     def held(self) -> float:
@@ -297,17 +304,6 @@ class HedgeBudget:
     def earned(self) -> None:
         """A sent attempt brought a valid quote: ``earn`` more, up to the burst."""
         self.tokens = min(self.capacity, self.tokens + self.earn)
-
-    def try_spend(self) -> bool:
-        """Take one hedge if the bucket holds one."""
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
-
-    def paid_off(self) -> None:
-        """The hedge won: its token comes back."""
-        self.tokens = min(self.capacity, self.tokens + 1)
 
 
 HEDGE_FLOOR: Final = 0.020
