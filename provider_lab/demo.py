@@ -22,8 +22,12 @@ per line and supplier; then, against a third QuoteFlow asking the same lab's
 suppliers in its batch dialect (``--batch``; ``make run`` starts it, 20 lines
 a call), the same cart in a few calls, a malformed entry in one of atlas's
 calls (that line alone fails), a batch call of boreal's that 503s once (retried
-with the cart's request id) and a basket that beats each line's best by paying
-each supplier's shipping once.
+with the cart's request id), a basket that beats each line's best by paying
+each supplier's shipping once, and a bill of materials as a file: a KiCad-style
+CSV export posted as ``text/csv`` (its refs kept, its DNP and fiducial rows
+skipped, its other columns listed), then the same file asked with
+``?format=csv``, read with the ``csv`` module and its amounts summed to the
+JSON basket's total.
 
 Last, offers as suppliers quote them, each checked against the lab's price lists
 by docs/api.md's money rule: through the worked suppliers' QuoteFlow (boreal in
@@ -50,8 +54,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import csv
 import datetime as dt
+import io
 import itertools
+import json
 import math
 import re
 import secrets
@@ -1730,24 +1737,28 @@ def _unit_cents(supplier: str, sku: str, quantity: int, batch: bool) -> int | No
     return break_price(offer, quantity) if batch else offer.unit_cents
 
 
-def baskets(skus: Sequence[str], quantity: int, batch: bool = True) -> list[Basket]:
+def baskets(
+    skus: Sequence[str], quantity: int | Mapping[str, int], batch: bool = True
+) -> list[Basket]:
     """Every way to buy ``skus`` from a set of the lab's suppliers, cheapest first.
 
-    For each set, each line goes to the set's lowest unit price, and each supplier used
-    ships once, its largest shipping among its lines (docs/api.md's basket). Exact for
-    carts whose suppliers ship every line for the same price, as the BOM parts.
+    ``quantity``: every line's, or each SKU's. For each set, each line goes to the set's
+    lowest unit price, and each supplier used ships once, its largest shipping among its
+    lines (docs/api.md's basket). Exact for carts whose suppliers ship every line for the
+    same price, as the BOM parts.
     """
     found: dict[tuple[str, ...], int] = {}
     for size in range(1, len(SUPPLIERS) + 1):
         for names in itertools.combinations(SUPPLIERS, size):
             units, shipping = 0, dict[str, int]()
             for sku in skus:
-                prices = [(_unit_cents(s, sku, quantity, batch), s) for s in names]
+                need = quantity if isinstance(quantity, int) else quantity[sku]
+                prices = [(_unit_cents(s, sku, need, batch), s) for s in names]
                 offered = [(price, names.index(s), s) for price, s in prices if price is not None]
                 if not offered:
                     break
                 price, _, supplier = min(offered)
-                units += price * quantity
+                units += price * need
                 offer = lookup(supplier, sku)
                 assert offer is not None
                 shipping[supplier] = max(shipping.get(supplier, 0), offer.shipping_cents)
@@ -2030,6 +2041,203 @@ async def cheaper_basket(
     return _cart_row(CHEAPER_BASKET, result, attempts, problems, notes)
 
 
+# -- a bill of materials as buyers keep it: CSV in, the basket as CSV out (issue 49) --------
+
+BOM_FILE: Final = (
+    '"Source:";"/home/kb/sensor.kicad_sch"\n'
+    '"Date:";"2026-12-01"\n'
+    '"Tool:";"Eeschema 6.0.11"\n'
+    "\n"
+    '"Reference";"Value";"Footprint";"Qty";"MPN";"Manufacturer"\n'
+    '"R1,R2,R3";"10k";"R_0402";"3";"BOM-001";"Yageo"\n'
+    '"C1,C2";"100n";"C_0402";"2";"BOM-002";"Murata"\n'
+    '"C3";"10u";"C_0805";"DNP";"BOM-003";"Murata"\n'
+    '"U1";"MCU";"LQFP-48";"1";"BOM-004";"ST"\n'
+    '"FID1,FID2";"Fiducial";"Fiducial_1mm";"2";"";""\n'
+    '"J1";"USB-C";"USB_C_Receptacle";"1";"BOM-005";"GCT"\n'
+)
+"""A KiCad-style export: its tool's lines above the header, semicolons, a part not placed
+(DNP) and fiducials with no MPN; the parts are the lab's. Sent with a byte-order mark."""
+BOM_LINES: Final = (
+    ("R1,R2,R3", "BOM-001", 3),
+    ("C1,C2", "BOM-002", 2),
+    ("U1", "BOM-004", 1),
+    ("J1", "BOM-005", 1),
+)
+"""The file's lines to buy, in file order: (ref, SKU, quantity)."""
+BOM_SKIPPED: Final = (8, 10)
+"""The physical rows skipped: C3 (DNP) and the fiducials (no MPN)."""
+BOM_IGNORED: Final = ("Value", "Footprint", "Manufacturer")
+BASKET_COLUMNS: Final = (
+    "kind",
+    "ref",
+    "sku",
+    "bought_sku",
+    "quantity",
+    "buy_quantity",
+    "supplier",
+    "unit_price",
+    "amount",
+    "currency",
+    "reason",
+)
+"""The basket's CSV header (docs/api.md's "CSV out")."""
+
+BOM_CSV: Final = Case(
+    "BOM as CSV: a KiCad export",
+    "a KiCad-style export posted as text/csv (a byte-order mark, Source:/Date:/Tool: lines "
+    "above the header, semicolons): its four parts quoted with their refs, the DNP row and "
+    "the fiducials skipped and listed, the columns it does not read listed",
+    best=None,
+    attempts=dict.fromkeys(SUPPLIERS, 1),
+)
+BASKET_CSV: Final = Case(
+    "BOM as CSV: the basket as CSV",
+    "the same file asked with ?format=csv and read with Python's csv module: a line row per "
+    "part, a shipping row per supplier, their amounts adding up to the total row's, which is "
+    "the JSON basket's total_cents",
+    best=None,
+    attempts=dict.fromkeys(SUPPLIERS, 1),
+)
+
+
+async def _posted_bom(
+    session: aiohttp.ClientSession, url: str, request_id: str
+) -> tuple[int, bytes, float]:
+    """BOM_FILE posted as ``text/csv`` with a byte-order mark: status, body, ms at the client."""
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
+    async with session.post(
+        url,
+        data=("\ufeff" + BOM_FILE).encode(),
+        headers={"Content-Type": "text/csv", "X-Request-ID": request_id},
+    ) as response:
+        body = await response.read()
+        return response.status, body, (loop.time() - sent) * 1000
+
+
+def _bom_problems(result: dict[str, Any]) -> list[str]:
+    """What a CSV cart's JSON answer should say about BOM_FILE: refs, skipped rows, columns."""
+    problems = []
+    lines = [(line.get("ref"), line["sku"], line["quantity"]) for line in result["lines"]]
+    if lines != list(BOM_LINES):
+        problems.append(f"lines (ref, sku, quantity) {lines}, expected {list(BOM_LINES)}")
+    rows = tuple(skipped["row"] for skipped in result.get("skipped_rows", []))
+    if rows != BOM_SKIPPED:
+        problems.append(f"skipped rows {rows}, expected {BOM_SKIPPED}")
+    if tuple(result.get("ignored_columns", [])) != BOM_IGNORED:
+        problems.append(f"ignored columns {result.get('ignored_columns')}, expected {BOM_IGNORED}")
+    quantities = {sku: quantity for _, sku, quantity in BOM_LINES}
+    expected = baskets([sku for _, sku, _ in BOM_LINES], quantities)[0]
+    if result["basket"]["total_cents"] != expected.total_cents:
+        problems.append(
+            f"basket total_cents {result['basket']['total_cents']}, expected {expected.total_cents}"
+        )
+    return problems
+
+
+def _csv_problems(body: bytes, answer: dict[str, Any]) -> tuple[list[list[str]], list[str]]:
+    """The basket's CSV read as a spreadsheet would, and what disagrees with ``answer``."""
+    problems = []
+    if not body.startswith(b"\xef\xbb\xbf"):
+        problems.append("no UTF-8 byte-order mark")
+    if body.count(b"\r\n") != body.count(b"\n"):
+        problems.append("not every line ends in CRLF")
+    rows = list(csv.reader(io.StringIO(body.decode("utf-8-sig"), newline="")))
+    if not rows or tuple(rows[0]) != BASKET_COLUMNS:
+        return rows, [*problems, f"header {rows[:1]}, expected {list(BASKET_COLUMNS)}"]
+    rows = rows[1:]
+    kinds = [row[0] for row in rows]
+    lines = [(row[1], row[2], int(row[4])) for row in rows if row[0] == "line"]
+    if lines != list(BOM_LINES):
+        problems.append(f"line rows (ref, sku, quantity) {lines}, expected {list(BOM_LINES)}")
+    if kinds[-1:] != ["total"] or kinds.count("total") != 1:
+        problems.append(f"rows of kinds {kinds}: not one total row, last")
+        return rows, problems
+    try:
+        summed = sum(Decimal(row[8]) for row in rows if row[0] in ("line", "shipping"))
+        total = Decimal(rows[-1][8])
+    except InvalidOperation as exc:
+        return rows, [*problems, f"an amount is not a decimal: {exc}"]
+    if summed != total:
+        problems.append(f"line and shipping amounts sum to {summed}, the total row says {total}")
+    cents = answer["basket"]["total_cents"]
+    if total != cents * CENT:
+        problems.append(f"the total row says {total}, the JSON basket {cents} cents")
+    if {row[9] for row in rows} != {answer["currency"]}:
+        problems.append(f"currencies {sorted({row[9] for row in rows})}, the answer's is USD")
+    return rows, problems
+
+
+def _csv_line(cells: Sequence[str]) -> str:
+    out = io.StringIO()
+    csv.writer(out, lineterminator="").writerow(cells)
+    return out.getvalue()
+
+
+async def csv_round_trip(
+    session: aiohttp.ClientSession, lab: LabControl, batch_url: str
+) -> list[Outcome]:
+    """A KiCad-style BOM posted as CSV; then the same file asked for its basket as CSV."""
+    await lab.fresh()
+    url = f"{batch_url}/api/carts"
+    status, body, _ = await _posted_bom(session, f"{url}?explain=1", f"bom-{secrets.token_hex(3)}")
+    result: dict[str, Any] = json.loads(body)
+    if status != 200:
+        raise LabError(f"QuoteFlow answered {status}: {result}")
+    await lab.wait_idle()
+    attempts = await lab.attempts(result["request_id"])
+    problems = _bom_problems(result)
+    picks = {pick["sku"]: pick for pick in result["basket"]["picks"]}
+    bought = "; ".join(
+        f"{line.get('ref')} {line['sku']} x {line['quantity']}: "
+        + (
+            f"{picks[line['sku']]['supplier']} {picks[line['sku']]['line_cents']}"
+            if line["sku"] in picks
+            else "unquoted"
+        )
+        for line in result["lines"]
+    )
+    skipped = ", ".join(f"row {s['row']} ({s['reason']})" for s in result["skipped_rows"])
+    notes = [
+        f"lines: {bought}",
+        f"skipped_rows: {skipped}; ignored_columns: {', '.join(result['ignored_columns'])}",
+        f"basket {result['basket']['total_cents']} cents from "
+        f"{', '.join(_basket_suppliers(result))}",
+    ]
+    first = _cart_row(BOM_CSV, result, attempts, problems, notes)
+
+    await lab.fresh()
+    request_id = f"bom-csv-{secrets.token_hex(3)}"
+    status, body, client_ms = await _posted_bom(session, f"{url}?format=csv", request_id)
+    await lab.wait_idle()
+    attempts = await lab.attempts(request_id)
+    if status != 200:
+        problems = [f"QuoteFlow answered {status}: {body[:200]!r}"]
+        rows: list[list[str]] = []
+    else:
+        rows, problems = _csv_problems(body, result)
+    for supplier, expected in (BASKET_CSV.attempts or {}).items():
+        if attempts[supplier] != expected:
+            problems.append(f"{supplier} got {attempts[supplier]} calls, expected {expected}")
+    shipped = tuple(s for s in SUPPLIERS if any(r[:1] == ["shipping"] and r[6] == s for r in rows))
+    shown = (0, 1, 2, 4, 6, 7, 8)  # kind, ref, sku, quantity, supplier, unit_price, amount
+    notes = [
+        f"{len(body)} bytes, {len(rows) + 1} rows (CRLF, a byte-order mark); read back, "
+        "some columns:",
+        *(
+            f"  {_csv_line([row[i] for i in shown if i < len(row)])}"
+            for row in [list(BASKET_COLUMNS), *rows]
+        ),
+        f"line + shipping amounts = total row = the JSON basket's "
+        f"{result['basket']['total_cents']} cents",
+    ]
+    if problems:
+        notes.pop()
+    second = Outcome(BASKET_CSV, _initials(shipped), {}, attempts, "-", client_ms, problems, notes)
+    return [first, second]
+
+
 async def cart_outcomes(
     session: aiohttp.ClientSession, lab: LabControl, service_url: str, batch_url: str | None
 ) -> AsyncIterator[Outcome]:
@@ -2041,6 +2249,8 @@ async def cart_outcomes(
     yield await batch_cart(session, lab, batch_url, classic)
     for run in (bad_entry, call_503, cheaper_basket):
         yield await run(session, lab, batch_url)
+    for outcome in await csv_round_trip(session, lab, batch_url):
+        yield outcome
 
 
 # -- offers: currencies at dated rates, sub-cent prices, MOQ, multiples, breaks (issue 47) --

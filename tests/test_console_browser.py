@@ -295,3 +295,25 @@ def test_a_cart_typed_into_the_page_is_drawn_one_row_per_call(console: Page, sta
     expect(answer.locator("svg g[data-supplier]")).to_have_count(6)
     expect(answer.locator('svg g[data-supplier-group="boreal"] g[data-call]')).to_have_count(2)
     shot(page, stack, "cart")
+
+
+def test_a_bom_pasted_as_csv_is_sent_as_csv_and_its_basket_drawn(
+    console: Page, stack: Stack
+) -> None:
+    """A BOM's CSV pasted in the cart box (a header naming the MPN and quantity columns): the
+    page sends it as ``text/csv``, as it is, and draws the cart, a pick per line."""
+    page = console
+    page.locator("#cart").fill("Reference,Qty,MPN,Value\nR1,2,BOM-001,10k\nC1,1,BOM-002,100n\n")
+    before = answers(page).count()
+    with page.expect_request("**/api/carts?explain=svg") as sent:
+        page.locator("#ask").click()
+    assert sent.value.headers["content-type"] == "text/csv"
+    assert sent.value.post_data == "Reference,Qty,MPN,Value\nR1,2,BOM-001,10k\nC1,1,BOM-002,100n\n"
+    expect(answers(page)).to_have_count(before + 1, timeout=WAIT_MS)
+    answer = answers(page).first
+    expect(answer).to_have_attribute("data-status", "200")
+    expect(answer.locator("svg")).to_have_attribute("data-kind", "cart")
+    expect(answer.locator("svg g[data-supplier]")).to_have_count(6)
+    for sku in ("BOM-001", "BOM-002"):
+        expect(answer.locator(f'svg text.pick[data-sku="{sku}"]')).to_have_count(1)
+    shot(page, stack, "cart-csv")

@@ -267,6 +267,8 @@ async def test_demo_shows_every_case_as_expected(running_pair: Running) -> None:
         "batch: malformed entry (atlas)",
         "batch: one call 503s (boreal)",
         "basket beats each line's best",
+        "BOM as CSV: a KiCad export ",
+        "BOM as CSV: the basket as CSV ",
     ):
         assert case in text
     for case in (
@@ -282,6 +284,9 @@ async def test_demo_shows_every_case_as_expected(running_pair: Running) -> None:
         assert case in text
     assert "50/50/50" in text  # the classic cart: a call per line and supplier
     assert "atlas 20+20+10, boreal 20+20+10, cedar 20+20+10" in text
+    # The BOM's round trip: refs kept, DNP and fiducial rows skipped, the CSV's sums checked.
+    assert "skipped_rows: row 8 (quantity DNP: not placed), row 10 (" in text
+    assert "line + shipping amounts = total row = the JSON basket's " in text
     running_pair.process.send_signal(signal.SIGTERM)
     assert await asyncio.wait_for(running_pair.process.wait(), 15) == 0
 
