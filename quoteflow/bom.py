@@ -27,7 +27,13 @@ import attrs
 
 from quoteflow.errors import FieldError, InvalidRequest
 from quoteflow.models import MAX_LINE_QUANTITY, MAX_SKU_LENGTH, CartLine, CartRequest
-from quoteflow.money import minor_unit, text_of_minor
+from quoteflow.money import (
+    MICROS_PER_MINOR,
+    half_even,
+    minor_unit,
+    text_of_micros,
+    text_of_minor,
+)
 
 HEADER_ROWS: Final = 20
 """Rows searched for the header: exporters write a few lines of their own above it."""
@@ -287,16 +293,12 @@ def basket_csv(answer: Mapping[str, Any], refs: Sequence[str | None] = ()) -> by
 
 
 def _unit_price(pick: Mapping[str, Any], bought: int, places: int) -> str:
+    """A unit's price in the answer's currency: today's ``unit_cents``, or the converted
+    line over the units bought, to the micro (indicative: the line's amount is exact)."""
     if "unit_cents" in pick:
         return text_of_minor(pick["unit_cents"], places)
-    # micros of the major unit, rounded half-even: indicative, the line's amount is exact
-    scale = 10**places
-    micros, rest = divmod(pick["line_cents"] * 1_000_000, bought * scale)
-    if 2 * rest > bought * scale or (2 * rest == bought * scale and micros & 1):
-        micros += 1
-    whole, fraction = divmod(micros, 1_000_000)
-    digits = f"{fraction:06d}".rstrip("0").ljust(places, "0")
-    return f"{whole}.{digits}" if digits else str(whole)
+    micros = half_even(pick["line_cents"] * MICROS_PER_MINOR[places], bought)
+    return text_of_micros(micros, places)
 
 
 def _why_unquoted(line: Mapping[str, Any]) -> str:

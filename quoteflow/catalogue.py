@@ -61,7 +61,7 @@ from quoteflow.batching import BatchError, BatchSpec, read_batch
 from quoteflow.callers import Rate, parse_rate
 from quoteflow.config import Settings
 from quoteflow.errors import ConfigError
-from quoteflow.money import minor_unit
+from quoteflow.money import DEFAULT_CURRENCY, minor_unit
 from quoteflow.templates import (
     PLACEHOLDERS,
     Placeholder,
@@ -236,7 +236,7 @@ class Supplier:
     """How it takes many lines per call (``batching.py``); ``None``: one SKU per call."""
     hedge: Hedge | None = None
     """Hedged second attempts (``hedge`` in its entry, else ``--hedge``); ``None``: none."""
-    currency: str = "USD"
+    currency: str = DEFAULT_CURRENCY
     """What its quotes that name no currency are in: its entry's, else ``--currency``."""
 
     def public(self) -> dict[str, object]:

@@ -10,7 +10,7 @@ from yarl import URL
 
 from quoteflow.auth import ApiKeys
 from quoteflow.callers import Callers
-from quoteflow.money import minor_unit
+from quoteflow.money import DEFAULT_CURRENCY, minor_unit
 
 SCENARIOS: tuple[str, ...] = ("normal", "slow", "broken", "malformed", "flaky")
 """Lab scenarios a caller may forward to the suppliers."""
@@ -160,7 +160,7 @@ class Settings:
     """A provider lab the console may switch faults and latency of (``/api/console/lab/``);
     ``None`` (the default): no such routes. Only ever the lab: a real supplier has no
     control API, and these routes forward nothing else."""
-    currency: str = attrs.field(default="USD")
+    currency: str = attrs.field(default=DEFAULT_CURRENCY)
     """The answers' currency unless a request names one, and every supplier's unless its
     catalogue entry or its quote says otherwise: ISO 4217 with a minor unit."""
     fx_rates: str | None = attrs.field(default=None)

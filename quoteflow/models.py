@@ -248,7 +248,7 @@ class QuoteResult:
     """Suppliers without a usable quote, in the fixed supplier order."""
     elapsed_ms: float
     request_id: str
-    currency: str = "USD"
+    currency: str
     """The currency every money field of the answer is in."""
 
     @property
@@ -462,7 +462,7 @@ class CartResult:
     basket: Basket
     elapsed_ms: float
     request_id: str
-    currency: str = "USD"
+    currency: str
 
 
 @attrs.frozen(kw_only=True)

@@ -26,6 +26,9 @@ from typing import Final
 
 from quoteflow.iso4217 import MINOR_UNITS
 
+DEFAULT_CURRENCY: Final = "USD"
+"""The answer's currency, and every supplier's, when nothing says otherwise (``--currency``)."""
+
 MICROS: Final = 1_000_000
 """Micros per major unit: the finest price the protocol carries (six decimal places)."""
 PRICE_PLACES: Final = 6
@@ -85,19 +88,6 @@ def micros_of_decimal(value: Decimal) -> int | None:
     return whole if rest == 0 else None
 
 
-def micros_of_minor(amount: int, exponent: int) -> int:
-    """``amount`` minor units of a currency whose minor unit has ``exponent`` digits, in micros."""
-    return amount * MICROS_PER_MINOR[exponent]
-
-
-def line_amount(unit_micros: int, units: int, exponent: int) -> int:
-    """``units`` at ``unit_micros`` each, rounded half-even to the currency's minor unit.
-
-    As the supplier would invoice the line: one rounding, of the line, not of the unit.
-    """
-    return half_even(unit_micros * units, MICROS_PER_MINOR[exponent])
-
-
 @functools.lru_cache(maxsize=4096)
 def text_of_micros(micros: int, places: int = 2) -> str:
     """Micros as the shortest decimal with at least ``places`` places (``"0.0034"``, ``"9.90"``).
@@ -151,13 +141,7 @@ class CrossRate:
 
     def convert(self, amount: int) -> int:
         """``amount`` minor units of the offer's currency in the answer's, rounded once."""
-        # half_even, inlined: a cart converts two amounts for each of its offers.
-        denominator = self.denominator
-        quotient, remainder = divmod(amount * self.numerator, denominator)
-        twice = 2 * remainder
-        if twice > denominator or (twice == denominator and quotient & 1):
-            return quotient + 1
-        return quotient
+        return half_even(amount * self.numerator, self.denominator)
 
 
 def _ten_digits(rate_to: Decimal, rate_from: Decimal) -> str:

@@ -26,7 +26,7 @@ always did (``unit_cents * n + shipping_cents``).
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Final, NamedTuple
+from typing import NamedTuple
 
 import attrs
 
@@ -69,7 +69,8 @@ def legal_buy(need: int, stock: int, terms: OfferTerms) -> Buy | None:
     scale = MICROS_PER_MINOR[terms.exponent]
     best_units = units
     best_micros = prices[bisect_right(quantities, units) - 1]
-    best_amount = half_even(best_micros * units, scale)
+    best_exact = best_micros * units
+    best_amount = half_even(best_exact, scale)
     for later in range(bisect_right(quantities, units), len(quantities)):
         if prices[later] >= best_micros:
             continue  # no cheaper per unit, and more units: it cannot win
@@ -77,12 +78,12 @@ def legal_buy(need: int, stock: int, terms: OfferTerms) -> Buy | None:
         if units > stock:
             break  # nor can any break after it be bought
         micros = prices[bisect_right(quantities, units) - 1]
-        # money.half_even, inlined: this loop runs for every break of every offer.
-        amount, rest = divmod(micros * units, scale)
-        if 2 * rest > scale or (2 * rest == scale and amount & 1):
-            amount += 1
-        if amount < best_amount:
-            best_units, best_micros, best_amount = units, micros, amount
+        exact = micros * units
+        if exact >= best_exact:
+            continue  # rounding keeps the order: its amount is no less
+        amount = half_even(exact, scale)
+        if amount < best_amount:  # equal once rounded: the smaller buy stays
+            best_units, best_micros, best_exact, best_amount = units, micros, exact, amount
     return Buy(best_units, best_micros, best_amount)
 
 
@@ -206,7 +207,3 @@ class Pricing:
             offer=shown,
             age_s=quote.age_s,
         )
-
-
-DEFAULT_CURRENCY: Final = "USD"
-"""The answer's currency, and every supplier's, when nothing says otherwise."""

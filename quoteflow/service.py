@@ -55,7 +55,8 @@ from quoteflow.models import (
     SupplierQuote,
     SupplierTrace,
 )
-from quoteflow.offers import DEFAULT_CURRENCY, Pricing
+from quoteflow.money import DEFAULT_CURRENCY
+from quoteflow.offers import Pricing
 
 
 class SupplierGateway(Protocol):

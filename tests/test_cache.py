@@ -299,6 +299,7 @@ def test_an_answer_without_the_cache_is_the_same_bytes() -> None:
         failures=(Failure("cedar", "timeout"),),
         elapsed_ms=1.5,
         request_id="r1",
+        currency="USD",
     )
     quote = (
         b'{"supplier":"boreal","sku":"KB-001","unit_cents":1100,"shipping_cents":250,'

@@ -108,3 +108,21 @@ def test_sighup_rereads_a_rates_file_and_a_bad_one_keeps_the_old(tmp_path: Path)
     path.write_bytes(BOMB)
     reload_all(app)  # refused, logged as reload_refused: the last good table serves
     assert rates.date == "2026-12-04"
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--currency", "XAU"], "currency"),
+        (["--currency", "usd"], "currency"),
+        (["--fx-refresh", "0"], "fx_refresh"),
+        (["--fx-max-age", "0"], "fx_max_age"),
+        (["--fx-max-age", "soon"], "--fx-max-age"),
+    ],
+)
+def test_a_bad_currency_or_rates_setting_is_one_line(argv: list[str], named: str) -> None:
+    from quoteflow.options import parse_settings
+
+    with pytest.raises(ConfigError, match=named) as raised:
+        parse_settings(argv, {})
+    assert "\n" not in str(raised.value)
