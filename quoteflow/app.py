@@ -13,6 +13,7 @@ import functools
 import logging
 import os
 import shlex
+import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, NoReturn
@@ -153,7 +154,7 @@ def create_app(
         app[handlers.CURRENT_TRACE] = tracer
         # Before the session: the last spans are flushed once every call has ended.
         app.cleanup_ctx.append(tracer.running)
-    if settings.redis_url is not None:
+    if settings.fleet:
         # Before the session: closed after it, once no attempt holds a slot.
         app.cleanup_ctx.append(_coordination)
     app.cleanup_ctx.append(_supplier_session(gateway, tracer))
@@ -378,6 +379,12 @@ async def _coordination(app: web.Application) -> AsyncIterator[None]:
         leased=lambda: float(coordinator.slots.leased_total),
         workers=lambda: float(coordinator.workers),
         syncs=lambda: coordinator.syncs,
+        events=lambda: {
+            "switched": float(coordinator.switches),
+            "past_grace": float(coordinator.past_grace),
+        },
+        host=socket.gethostname(),
+        differ=lambda: float(bool(coordinator.hosts.differ)),
     )
 
     def fleet_meter(kind: str) -> SharedMeter:
@@ -397,10 +404,12 @@ async def _coordination(app: web.Application) -> AsyncIterator[None]:
             kind=kind,
         )
 
-    app[SUPPLIER_RATES] = fleet_meter("supplier")
+    app[SUPPLIER_RATES] = supplier_rates = fleet_meter("supplier")
+    coordinator.on_switch.append(supplier_rates.void_leases)
     gate = app.get(handlers.GATE)
     if gate is not None:
         shared = gate.shared = fleet_meter("caller")
+        coordinator.on_switch.append(shared.void_leases)
         telemetry.watch_caller_quota(lambda: shared.calls)
     try:
         yield

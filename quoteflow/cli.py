@@ -19,7 +19,13 @@ from quoteflow.config import Settings
 from quoteflow.connections import ConnectionLimits, reserve_descriptors
 from quoteflow.fx import check_rates_file
 from quoteflow.logs import log_event
-from quoteflow.options import ConfigError, load_catalogue, loggable, parse_settings
+from quoteflow.options import (
+    ConfigError,
+    load_catalogue,
+    loggable,
+    parse_settings,
+    warn_unknown_variables,
+)
 from quoteflow.reload import reload_all
 from quoteflow.tracing import TracingConfig, tracing_from_environ
 
@@ -48,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logs.configure(settings.log_level, settings.log_format)
     log_event(log, logging.INFO, "starting", loggable(settings, catalogue))
+    warn_unknown_variables(settings, os.environ)
     try:
         loop = _new_event_loop(settings.event_loop)
     except ImportError:

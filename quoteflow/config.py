@@ -148,6 +148,19 @@ class Settings:
     """Time limit of every Redis call, seconds; past it the worker keeps to its safe share."""
     redis_prefix: str = attrs.field(default="quoteflow")
     """Prefix of QuoteFlow's Redis keys, so several fleets can share one Redis."""
+    redis_sentinel: tuple[tuple[str, int], ...] | None = attrs.field(
+        default=None, converter=attrs.converters.optional(tuple)
+    )
+    """Fleet mode through Redis Sentinel: the sentinels' addresses; the primary is theirs to
+    name, and a failover is followed. Needs ``redis_master``; ``redis_url``, if given, only
+    lends its db, credentials and TLS."""
+    redis_master: str | None = attrs.field(default=None)
+    """The primary's name the sentinels know (their ``sentinel monitor <name> ...``)."""
+    redis_sentinel_password: str | None = attrs.field(default=None, repr=False)
+    """The sentinels' own password (``requirepass`` in sentinel.conf), if they have one."""
+    redis_outage_grace: float = attrs.field(default=60.0, validator=[v.ge(0), v.le(3600)])
+    """Seconds the workers still on Redis hold back what a worker they stopped hearing from
+    may still be sending (the larger of its last holdings and its safe share)."""
     coalesce: bool = attrs.field(default=False, validator=v.instance_of(bool))
     """Share a supplier call in flight with every request that would send the same one."""
     cache_size: int = attrs.field(default=0, validator=[v.ge(0), v.le(10_000_000)])
@@ -233,6 +246,37 @@ class Settings:
                 raise ValueError(problem)
         elif url.scheme != "unix" or not url.path:
             raise ValueError(problem)
+
+    @redis_sentinel.validator
+    def _check_redis_sentinel(
+        self, attribute: attrs.Attribute[object], value: tuple[tuple[str, int], ...] | None
+    ) -> None:
+        if (value is None) != (self.redis_master is None):
+            raise ValueError(
+                "--redis-sentinel and --redis-master go together: the sentinels' addresses "
+                "and the name of the primary they watch"
+            )
+        if value is not None and not value:
+            raise ValueError("redis_sentinel must name at least one HOST:PORT")
+        if value is not None and self.redis_url is not None and self.redis_url.startswith("unix:"):
+            raise ValueError(
+                "with --redis-sentinel, --redis-url lends only the primary's db, credentials "
+                "and TLS: a redis:// or rediss:// URL, not unix://"
+            )
+
+    @redis_master.validator
+    def _check_redis_master(
+        self, attribute: attrs.Attribute[str | None], value: str | None
+    ) -> None:
+        if value is not None and not _PREFIX.fullmatch(value):
+            raise ValueError(
+                f"redis_master must be 1-100 printable characters without spaces, got {value!r}"
+            )
+
+    @property
+    def fleet(self) -> bool:
+        """Fleet mode: a Redis (or the sentinels that name one) holds the fleet's limits."""
+        return self.redis_url is not None or self.redis_sentinel is not None
 
     @redis_timeout.validator
     def _check_redis_timeout(self, attribute: attrs.Attribute[float], value: float) -> None:

@@ -62,6 +62,7 @@ from quoteflow.options import (
     env_name,
     load_catalogue,
     settings_from_environ,
+    unknown_variables,
 )
 
 # Read at import, which gunicorn does once, in the master, to learn ``bind``;
@@ -136,6 +137,10 @@ def on_starting(server: Any) -> None:
     global _own_metrics_dir, _snapshot_dir
     if _problem is not None:
         _refuse(str(_problem))
+    assert _settings is not None
+    unknown = unknown_variables(_settings, os.environ)
+    if unknown:
+        server.log.warning("quoteflow: unknown variables, ignored: %s", ", ".join(unknown))
     for checked in CHECKED_FILES:
         given = os.environ.get(checked.variable)
         if not given or not checked.is_file(given):
@@ -248,10 +253,31 @@ def _check_apart(checked: CheckedFile, path: str) -> str | None:
 
 
 def child_exit(server: Any, worker: Any) -> None:
-    """In the master, after a worker exited: its in-flight gauges leave the host's totals."""
+    """In the master, after a worker exited: its in-flight gauges leave the host's totals, and
+    its slots the fleet's at once (a dead process sends nothing; ``fleet.release``)."""
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]  # untyped upstream
+    if _settings is not None and _settings.fleet:
+        _release(server, _settings, worker.pid)
+
+
+def _release(server: Any, settings: Settings, pid: int) -> None:
+    """Free ``pid``'s records in Redis; on failure, the others free them after the grace."""
+    from quoteflow.fleet.client import blocking_client
+    from quoteflow.fleet.release import release_process
+
+    # The master waits on it (gunicorn's loop is not async): a short limit, one try.
+    client = blocking_client(settings, timeout=max(0.5, 4 * settings.redis_timeout))
+    try:
+        freed = release_process(client, settings.redis_prefix, pid)
+    except Exception as exc:  # Redis away: the grace frees them instead
+        server.log.warning("quoteflow: worker %s's slots not freed in Redis: %r", pid, exc)
+    else:
+        if freed:
+            server.log.info("quoteflow: worker %s exited; its slots are free in Redis", pid)
+    finally:
+        client.close()
 
 
 def on_exit(server: Any) -> None:

@@ -465,12 +465,40 @@ class Telemetry:
         leased: Callable[[], float],
         workers: Callable[[], float],
         syncs: Callable[[], Mapping[str, float]],
+        events: Callable[[], Mapping[str, float]] = dict,
+        host: str = "",
+        differ: Callable[[], float] = float,
     ) -> None:
         """Fleet mode only (absent in one process): this worker's link to Redis, at scrape time.
 
         Host-wide (under gunicorn) the link is up only if every live worker's
         is, the leases add up, and the worker count is the largest seen.
+        ``events``: ``switched`` and ``past_grace`` counts; ``host``: this host's
+        name (one info gauge, never a label on every series); ``differ``: 1
+        while another host of the fleet states other settings (``fleet.hosts``).
         """
+        info = PlainGauge(
+            "quoteflow_host_info",
+            "1, labelled with this host's name: the host of the fleet these metrics are of.",
+            ("host",),
+            host_mode="livemax",
+        )
+        info.readers[(host,)] = lambda: 1.0
+        self.add(
+            info,
+            ReadCounter(
+                "quoteflow_coordination_switched",
+                "Times the fleet was found on another Redis server (a failover): a reset.",
+                (),
+                lambda: {(): events().get("switched", 0.0)},
+            ),
+            ReadCounter(
+                "quoteflow_coordination_past_grace",
+                "Outages a worker spent on its own past --redis-outage-grace.",
+                (),
+                lambda: {(): events().get("past_grace", 0.0)},
+            ),
+        )
 
         def gauge(
             name: str, documentation: str, read: Callable[[], float], mode: HostMode
@@ -496,6 +524,12 @@ class Telemetry:
                 "quoteflow_coordination_workers",
                 "Live workers the last sync saw.",
                 workers,
+                "livemax",
+            ),
+            gauge(
+                "quoteflow_fleet_settings_differ",
+                "1 while another host on the fleet's Redis states another limit, share or prefix.",
+                differ,
                 "livemax",
             ),
         )

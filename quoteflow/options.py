@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -24,6 +25,7 @@ from quoteflow.callers import load_callers
 from quoteflow.catalogue import Catalogue, CatalogueError
 from quoteflow.config import Settings, redact_url
 from quoteflow.errors import ConfigError as ConfigError  # where it was first defined
+from quoteflow.logs import log_event
 
 ENV_PREFIX = "QUOTEFLOW_"
 
@@ -36,6 +38,33 @@ def _boolean(raw: str) -> bool:
     if value in ("0", "false", "no", "off", ""):
         return False
     raise ValueError(raw)
+
+
+SENTINEL_PASSWORD_ENV = ENV_PREFIX + "REDIS_SENTINEL_PASSWORD"
+"""The sentinels' own password: a variable only, so that it never shows in a process list."""
+
+EXTRA_ENV = frozenset(
+    {
+        SENTINEL_PASSWORD_ENV,
+        ENV_PREFIX + "GUNICORN_MASTER",
+        ENV_PREFIX + "URL",
+        ENV_PREFIX + "API_KEY",
+    }
+)
+"""Variables QuoteFlow reads that are no setting's: the sentinels' password, gunicorn's
+master (set by ``gunicorn_conf``), and ``quoteflow cart``'s service and key."""
+
+
+def addresses(raw: str) -> tuple[tuple[str, int], ...]:
+    """``HOST:PORT[,HOST:PORT...]`` (an IPv6 host in brackets) → ((host, port), ...)."""
+    found = []
+    for part in raw.split(","):
+        host, sep, port = part.strip().rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"{part.strip()!r} is not HOST:PORT")
+        found.append((host, int(port)))
+    return tuple(found)
 
 
 # setting name → (parser, help); the flag is --<name> unless _FLAGS says otherwise.
@@ -115,6 +144,16 @@ _OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     ),
     "redis_timeout": (float, "time limit of each Redis call, seconds; below the budget (0.05)"),
     "redis_prefix": (str, "prefix of QuoteFlow's Redis keys (quoteflow)"),
+    "redis_sentinel": (
+        addresses,
+        "fleet mode through Redis Sentinel: HOST:PORT[,HOST:PORT...] of the sentinels; "
+        "with --redis-master (default: none)",
+    ),
+    "redis_master": (str, "the primary's name the sentinels monitor (default: none)"),
+    "redis_outage_grace": (
+        float,
+        "seconds the workers on Redis hold back the slots of one they lost (default 60)",
+    ),
     "coalesce": (
         _boolean,
         "share a supplier call in flight with identical requests (default: off)",
@@ -220,13 +259,43 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> Settings:
             raise ConfigError(
                 f"{source}: {raw!r} is not a valid {convert.__name__.strip('_')}"
             ) from None
+    if environ.get(SENTINEL_PASSWORD_ENV):
+        values["redis_sentinel_password"] = environ[SENTINEL_PASSWORD_ENV]
     try:
         settings = Settings(**values)
     except (ValueError, TypeError) as exc:
         raise ConfigError(str(exc)) from None
-    if settings.redis_url is not None and importlib.util.find_spec("redis") is None:
-        raise ConfigError("--redis-url needs the Redis client: pip install 'quoteflow[fleet]'")
+    if settings.fleet and importlib.util.find_spec("redis") is None:
+        which = "--redis-sentinel" if settings.redis_sentinel else "--redis-url"
+        raise ConfigError(f"{which} needs the Redis client: pip install 'quoteflow[fleet]'")
     return settings
+
+
+def warn_unknown_variables(settings: Settings, environ: Mapping[str, str]) -> None:
+    """One ``unknown_variables`` warning at start-up naming every one (none: nothing)."""
+    unknown = unknown_variables(settings, environ)
+    if unknown:
+        fields = {"names": unknown, "hint": "misspelt? python -m quoteflow --help lists each one"}
+        log_event(logging.getLogger("quoteflow"), logging.WARNING, "unknown_variables", fields)
+
+
+def unknown_variables(settings: Settings, environ: Mapping[str, str]) -> list[str]:
+    """``QUOTEFLOW_*`` variables that nothing reads: a misspelt setting, named at start-up.
+
+    A variable the catalogue or callers file names (``${VAR}``, ``key_env``)
+    may share the prefix: the files' text is searched for each name.
+    """
+    known = {*env_names(), *EXTRA_ENV}
+    unknown = [name for name in environ if name.startswith(ENV_PREFIX) and name not in known]
+    texts = []
+    for path in (settings.suppliers_file, settings.callers and settings.callers.source):
+        if path:
+            try:
+                with open(path, encoding="utf-8", errors="replace") as file:
+                    texts.append(file.read())
+            except OSError:
+                pass  # its loader has said so already
+    return sorted(name for name in unknown if not any(name in text for text in texts))
 
 
 def loggable(settings: Settings, suppliers: Catalogue | None = None) -> dict[str, Any]:
@@ -235,6 +304,8 @@ def loggable(settings: Settings, suppliers: Catalogue | None = None) -> dict[str
     With ``suppliers``, the catalogue too: header names, never their values.
     """
     fields = attrs.asdict(settings)
+    if settings.redis_sentinel_password is not None:
+        fields["redis_sentinel_password"] = "********"
     if settings.redis_url is not None:
         fields["redis_url"] = redact_url(settings.redis_url)
     if suppliers is not None:

@@ -70,7 +70,12 @@ form the base)."""
 PACKAGE_LAYERS = {
     "fleet": [
         "coordinator",
+        "release",
         "holdings",
+        "hosts",
+        "listener",
+        "client",
+        "script",
         "deadline",
         "leases",
         "waiters",

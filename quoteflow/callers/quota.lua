@@ -1,6 +1,9 @@
 -- One caller's rate for the whole fleet: GCRA kept as a level (quoteflow/callers/meter.py).
 --
 -- KEYS[1]  <prefix>:caller:<name>, a string "<used> <at ms>"
+-- KEYS[2]  <prefix>:switched: when the fleet last found itself on another server
+--          (a promoted replica, ms): a level written before it may have been lost, so
+--          every rate counts as spent whole then, refilling from zero (fleet/sync.lua).
 -- ARGV[1]  burst: the most requests that may be used at once (the quota)
 -- ARGV[2]  interval: ms for one used request to drain back (window / quota)
 -- ARGV[3]  want: requests asked for at once (a lease; 1 near the quota)
@@ -16,13 +19,19 @@ local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + tonumber(clock[2]) / 1000
 
 local used = 0
+local written = -1
 local state = redis.call('GET', KEYS[1])
 if state then
   local level, at = string.match(state, '^(%S+) (%S+)$')
   level, at = tonumber(level), tonumber(at)
   if level and at then
     used = math.max(0, level - math.max(0, now - at) / interval)
+    written = at
   end
+end
+local switched = tonumber(redis.call('GET', KEYS[2]))
+if switched and written < switched then
+  used = math.max(used, burst - math.max(0, now - switched) / interval)
 end
 
 if used + 1 > burst then

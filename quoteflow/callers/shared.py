@@ -142,6 +142,8 @@ class SharedMeter:
 
         self._script = redis.register_script(SCRIPT)
         self._prefix = f"{prefix}:{kind}"
+        self._switched = f"{prefix}:switched"
+        """Set by the fleet's sync when it found itself on another server (``quota.lua``)."""
         self._deadline = deadline
         """A new time limit for each call: ``--redis-timeout`` of Redis' time, not the loop's."""
         self._workers = workers
@@ -224,7 +226,7 @@ class SharedMeter:
             deadline = self._deadline()
             async with deadline:
                 reply = await self._script(
-                    keys=[f"{self._prefix}:{name}"],
+                    keys=[f"{self._prefix}:{name}", self._switched],
                     args=[rate.quota, f"{rate.interval * 1000:.3f}", want],
                 )
             granted, used = int(reply[0]), float(reply[1])
@@ -261,6 +263,15 @@ class SharedMeter:
             # Measured from the answer, not the question: never earlier than Redis said.
             self._retry_at[name] = at + standing.wait
         return granted > 0, standing
+
+    def void_leases(self) -> None:
+        """The fleet moved to another server: requests leased from the old one are not ours.
+
+        The new server counts every rate as spent at the switch (``quota.lua``);
+        a lease granted before it would come on top.
+        """
+        self._leases.clear()
+        self._retry_at.clear()
 
     def peek(self, name: str, rate: Rate) -> Standing:
         """Where ``name`` stands as this worker last heard, spending nothing (no round trip)."""

@@ -143,11 +143,12 @@ which is why the background loops also stop on a flag (``close``).
 """
 
 from quoteflow.fleet.budget import FleetHedgeBudget, FleetRetryBudget
-from quoteflow.fleet.coordinator import SCRIPT, Coordinator
+from quoteflow.fleet.coordinator import Coordinator
 from quoteflow.fleet.deadline import LoopFairTimeout
 from quoteflow.fleet.holdings import fleet_holdings
 from quoteflow.fleet.leases import FLEET, JOINING, LOCAL, FleetSlots
 from quoteflow.fleet.safe import safe_share
+from quoteflow.fleet.script import SCRIPT
 from quoteflow.fleet.timing import (
     FIRST_SYNC_TRIPS,
     HEARTBEAT,

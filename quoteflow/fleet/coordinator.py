@@ -6,15 +6,17 @@ import asyncio
 import logging
 import math
 import time
-import uuid
-from collections.abc import Iterable, Mapping
-from importlib import resources
-from typing import TYPE_CHECKING, Any, Final, cast
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from quoteflow.config import Settings
 from quoteflow.fleet.budget import FleetHedgeBudget, FleetRetryBudget, rehedge
+from quoteflow.fleet.client import redis_client
 from quoteflow.fleet.deadline import LoopFairTimeout
+from quoteflow.fleet.hosts import HostCheck, worker_identity
 from quoteflow.fleet.leases import LOCAL, FleetSlots
+from quoteflow.fleet.listener import listen, pause_of
+from quoteflow.fleet.script import HEAD, HEDGE_ENTRY, PER, SCRIPT, SERVER_CHECK, entry, keys
 from quoteflow.fleet.timing import (
     FIRST_SYNC_TRIPS,
     HEARTBEAT,
@@ -33,16 +35,13 @@ from quoteflow.pauses import Pauses
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
+    from redis.asyncio.sentinel import Sentinel
     from redis.commands.core import AsyncScript
 
 log = logging.getLogger("quoteflow")
 
-SCRIPT: Final = resources.files("quoteflow.fleet").joinpath("sync.lua").read_text(encoding="utf-8")
-"""The sync, one atomic step in Redis (``sync.lua``): read once, at import; run by ``EVALSHA``."""
-
-
-HEDGE_ENTRY: Final = "{}#hedge"
-"""A hedge bucket's name in Redis: an entry of its own beside the supplier's, holding no slots."""
+PAST_GRACE_EVERY = 60.0
+"""Seconds between two warnings that a worker is still on its own past the outage grace."""
 
 
 class Coordinator:
@@ -67,13 +66,15 @@ class Coordinator:
         """``suppliers``: the catalogue's names; ``shares`` and ``capacities`` (retry bucket
         sizes), each supplier's own, default to the settings' for every supplier;
         ``hedges``: each hedged supplier's hedge bucket (``burst``, ``earn``)."""
-        if settings.redis_url is None:
-            raise ValueError("fleet mode needs a redis_url")
-        self.worker_id = worker_id or uuid.uuid4().hex
+        if not settings.fleet:
+            raise ValueError("fleet mode needs a redis_url or sentinels")
+        self.worker_id = worker_id or worker_identity()
         self._id_bytes = self.worker_id.encode()
         self.settings = settings
         prefix = settings.redis_prefix
-        self._keys = [f"{prefix}:workers", f"{prefix}:state", f"{prefix}:tokens", f"{prefix}:epoch"]
+        self._keys = keys(prefix)
+        self.hosts = HostCheck(self.worker_id, prefix)
+        """This worker's statement of the fleet's settings, and the hosts that differ."""
         self.channel = f"{prefix}:freed"
         self._suppliers = tuple(suppliers)
         default_share = settings.supplier_share or max(
@@ -103,15 +104,7 @@ class Coordinator:
             rejoin=RECONNECT + 2 * self._call_most,
             narrow=LEASE_TRUST + settings.budget,
         )
-        self.budgets = {
-            supplier: FleetRetryBudget(
-                self.capacities[supplier],
-                settings.retry_budget_earn,
-                burst=settings.inbound_limit,
-                need_sync=self.request_sync,
-            )
-            for supplier in self._suppliers
-        }
+        self.budgets = {s: self._retry_budget(self.capacities[s]) for s in self._suppliers}
         self.hedge_budgets: dict[str, FleetHedgeBudget] = {}
         """Each hedged supplier's hedge bucket, lent to this worker in a pool as retries are."""
         rehedge(self.hedge_budgets, hedges or {}, settings.inbound_limit, self.request_sync)
@@ -125,11 +118,18 @@ class Coordinator:
         """A sync ever succeeded: a Redis without our epoch has been emptied since."""
         self.syncs = {"ok": 0, "late_loop": 0, "failed": 0}
         """Syncs by result; ``late_loop``: answered, read past the time limit by a busy loop."""
+        self.switches, self.past_grace = 0, 0
+        """Times the fleet moved to another server; outages this worker spent alone past grace."""
+        self.on_switch: list[Callable[[], None]] = []
+        """Called when the fleet moved to another server: what was leased from the old is void."""
+        self._checked_at = -math.inf
+        self._past_grace_at = math.inf
         self.workers = 0
         """Live workers the last sync saw, this one included."""
         self._down_since: float | None = None
         self._closing = False
         self._redis: Redis | None = None
+        self._sentinels: Sentinel | None = None
         self._script: AsyncScript | None = None
         self._errors: tuple[type[BaseException], ...] = (OSError, TimeoutError)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -144,28 +144,28 @@ class Coordinator:
 
     async def start(self) -> None:
         """Create the client and the background tasks; Redis need not answer yet."""
-        from redis.asyncio import Redis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
         from redis.exceptions import RedisError
 
-        assert self.settings.redis_url is not None
         self._errors = (RedisError, OSError, TimeoutError)
-        self._redis = Redis.from_url(
-            self.settings.redis_url,
-            # Only a backstop: each sync's own deadline (LoopFairTimeout) is
-            # the time limit. redis-py's would fire when our busy loop reads
-            # a reply late, and count it as Redis being slow.
-            socket_timeout=self._call_most,
-            socket_connect_timeout=self._call_most,
-            # A failed call is not retried by the client: the next sync is the retry.
-            retry=Retry(NoBackoff(), 0),
-        )
+        # The client's time limit is only a backstop: each sync's own deadline
+        # (LoopFairTimeout) is the time limit. redis-py's would fire when our
+        # busy loop reads a reply late, and count it as Redis being slow.
+        self._redis, self._sentinels = redis_client(self.settings, timeout=self._call_most)
         self._script = self._redis.register_script(SCRIPT)
         self._loop = asyncio.get_running_loop()
         self._spawn(self._run(), "quoteflow-fleet-sync")
-        self._listener = self._spawn(self._listen(self._generation), "quoteflow-fleet-listener")
+        self._relisten()
         self._set_due(self._loop.time())
+        stating = self.hosts.keep_checking(
+            self._redis,
+            limit=self.settings.outbound_limit,
+            shares=self.shares,
+            up=lambda: self.up,
+            running=lambda: not self._closing,
+            errors=self._errors,
+            call_limit=self._call_most,
+        )
+        self._spawn(stating, "quoteflow-fleet-hosts")
 
     @property
     def redis(self) -> Redis:
@@ -192,6 +192,8 @@ class Coordinator:
         if self.joined:
             await self._sync(leaving=True)
         await self._redis.aclose()
+        if self._sentinels is not None:
+            await self._sentinels.aclose()
 
     def request_sync(self, delay: float, *, force: bool = False) -> None:
         """Have the state checked within ``delay`` s, and a sync run if it is worth one.
@@ -265,16 +267,15 @@ class Coordinator:
             self.capacities[supplier] = capacity
             budget = self.budgets.get(supplier)
             if budget is None:
-                self.budgets[supplier] = FleetRetryBudget(
-                    capacity,
-                    self.settings.retry_budget_earn,
-                    burst=self.settings.inbound_limit,
-                    need_sync=self.request_sync,
-                )
+                self.budgets[supplier] = self._retry_budget(capacity)
             elif budget.capacity != capacity:
                 budget.resize(capacity)
         rehedge(self.hedge_budgets, hedges or {}, self.settings.inbound_limit, self.request_sync)
         self._suppliers = self.slots.suppliers
+
+    def _retry_budget(self, capacity: float) -> FleetRetryBudget:
+        earn, burst = self.settings.retry_budget_earn, self.settings.inbound_limit
+        return FleetRetryBudget(capacity, earn, burst=burst, need_sync=self.request_sync)
 
     def forget(self, suppliers: Iterable[str]) -> None:
         """Drop suppliers a reload removed, once no request can still ask them."""
@@ -303,17 +304,6 @@ class Coordinator:
         except self._errors:
             pass  # the others learn from their own next 429
 
-    def _paused_elsewhere(self, data: bytes) -> None:
-        """``paused <worker> <supplier> <ms>``: another worker's supplier asked to wait."""
-        if self.pauses is None:
-            return
-        parts = data.split(b" ")
-        if len(parts) != 4 or parts[1] == self._id_bytes or not parts[3].isdigit():
-            return
-        supplier = parts[2].decode(errors="replace")
-        if supplier in self.shares:
-            self.pauses.pause(supplier, int(parts[3]) / 1000, told_by="fleet")
-
     def _worth(self, since: float) -> bool:
         return self.slots.worth_syncing(since) or any(
             budget.wants_tokens for budget in (*self.budgets.values(), *self.hedge_budgets.values())
@@ -322,15 +312,7 @@ class Coordinator:
     async def _sync(self, *, leaving: bool = False) -> None:
         """One EVALSHA: this worker's whole state in, grants, allowance and tokens out.
 
-        ARGV: worker id, ttl ms, limit, want-fresh ms, quiet ms, joined (0/1),
-        leaving (0/1), channel, n suppliers, may announce ``wanted`` (0/1),
-        then per supplier: name, held, want, tokens deposited, whole tokens to
-        withdraw, tokens in the pool, its share, its retry bucket's capacity; then
-        each hedge bucket as an entry of its own (``HEDGE_ENTRY``: no slots).
-        Reply: quiet (0/1), others waiting (0/1), allowed total, live workers,
-        announced ``wanted`` (0/1), this worker's rank among them, then per
-        supplier: granted, allowed, free, grantable (free but for the whole
-        limit), tokens withdrawn, bucket level.
+        Its arguments and reply: ``script.py``.
         """
         assert self._script is not None
         n = len(self._suppliers)
@@ -338,9 +320,10 @@ class Coordinator:
             held, want = [0] * n, [0] * n
         else:
             held, want = self.slots.report()
-        tokens = [self.budgets[supplier].report(leaving) for supplier in self._suppliers]
         hedged = [s for s in self._suppliers if s in self.hedge_budgets]
-        hedge_tokens = [self.hedge_budgets[supplier].report(leaving) for supplier in hedged]
+        now = self._loop.time()
+        # Which server this runs on is looked at after a failure, and now and then.
+        check = not self.up or now >= self._checked_at + SERVER_CHECK
         args: list[str | int] = [
             self.worker_id,
             round(TTL * 1000),
@@ -353,24 +336,18 @@ class Coordinator:
             n + len(hedged),
             # At most one "wanted" per poll: starved workers must not wake
             # each other in a loop.
-            int(self._loop.time() >= self._announced_at + POLL),
+            int(now >= self._announced_at + POLL),
+            round(self.settings.redis_outage_grace * 1000),
+            int(check and not leaving),
         ]
         for index, supplier in enumerate(self._suppliers):
-            deposit, withdraw, pool = tokens[index]
-            args += [
-                supplier,
-                held[index],
-                want[index],
-                f"{deposit:.6f}",
-                withdraw,
-                f"{pool:.6f}",
-                self.shares[supplier],
-                f"{self.capacities[supplier]:.6f}",
-            ]
-        for supplier, (deposit, withdraw, pool) in zip(hedged, hedge_tokens, strict=True):
-            size = self.hedge_budgets[supplier].capacity
-            args += [HEDGE_ENTRY.format(supplier), 0, 0, f"{deposit:.6f}", withdraw]
-            args += [f"{pool:.6f}", 0, f"{size:.6f}"]
+            tokens = self.budgets[supplier].report(leaving)
+            share, capacity = self.shares[supplier], self.capacities[supplier]
+            args += entry(supplier, held[index], want[index], tokens, share, capacity)
+        for supplier in hedged:
+            budget = self.hedge_budgets[supplier]
+            tokens = budget.report(leaving)
+            args += entry(HEDGE_ENTRY.format(supplier), 0, 0, tokens, 0, budget.capacity)
         sent_at = time.monotonic()
         # The time limit is Redis': a reply that came in time but was read
         # late because our loop was busy is not a Redis failure (deadline.py).
@@ -385,12 +362,16 @@ class Coordinator:
             return
         self.syncs["late_loop" if deadline.loop_was_late else "ok"] += 1
         self.joined = True
+        if check:
+            self._checked_at = now
         if leaving or self._closing:
             return
         self.workers = int(reply[3])
         if reply[4]:
             self._announced_at = self._loop.time()
-        per = [reply[6 + 6 * index : 12 + 6 * index] for index in range(n)]
+        if reply[6]:
+            self.switched(self.worker_id)
+        per = [reply[HEAD + PER * index : HEAD + PER * (index + 1)] for index in range(n)]
         soon = self.slots.apply(
             granted=[int(p[0]) for p in per],
             allowed=[int(p[1]) for p in per],
@@ -405,9 +386,8 @@ class Coordinator:
         for index, supplier in enumerate(self._suppliers):
             self.budgets[supplier].apply(int(per[index][4]), float(per[index][5]))
         for index, supplier in enumerate(hedged, start=n):
-            self.hedge_budgets[supplier].apply(
-                int(reply[10 + 6 * index]), float(reply[11 + 6 * index])
-            )
+            at = HEAD + PER * index
+            self.hedge_budgets[supplier].apply(int(reply[at + 4]), float(reply[at + 5]))
         if not self.up:
             if self._down_since is not None and self._redis is not None:
                 # Connections that sat idle in the pool through the outage may
@@ -422,6 +402,8 @@ class Coordinator:
         if self._closing:
             return
         retry = RECONNECT
+        if self._loop.time() >= self._past_grace_at:
+            self._still_alone()
         if self.slots.mode != LOCAL:
             # The first retry comes soon: after one slow call, a worker that
             # reports again within TTL keeps its record, and what it uses on
@@ -429,25 +411,31 @@ class Coordinator:
             retry = RETRY_SOON
             self.up = False
             self._down_since = self._loop.time()
+            self._past_grace_at = self._down_since + self.settings.redis_outage_grace
             self.slots.go_local()
             for budget in (*self.budgets.values(), *self.hedge_budgets.values()):
                 budget.go_local(self.slots.workers)
             safe_limit, safe_shares = self.slots.safe_limits()
-            log_event(
-                log,
-                logging.WARNING,
-                "coordination_down",
-                {
-                    "worker": self.worker_id,
-                    "reason": reason,
-                    "fallback": "safe share",
-                    "workers": self.slots.workers,
-                    "safe_limit": safe_limit,
-                    "safe_share": max(safe_shares.values(), default=0),
-                    "outbound_limit": self.settings.outbound_limit,
-                },
-            )
+            fields: dict[str, object] = {"worker": self.worker_id, "reason": reason}
+            fields |= {"fallback": "safe share", "workers": self.slots.workers}
+            fields |= {"safe_limit": safe_limit, "safe_share": max(safe_shares.values(), default=0)}
+            fields["outbound_limit"] = self.settings.outbound_limit
+            log_event(log, logging.WARNING, "coordination_down", fields)
         self._set_due(self._loop.time() + retry)
+
+    def _still_alone(self) -> None:
+        """Past the grace the others no longer hold back our safe share: said once a minute.
+
+        The one case where the fleet may send more than a share: kept so that
+        QuoteFlow still answers while Redis is down for every worker.
+        """
+        assert self._down_since is not None
+        if self._past_grace_at == self._down_since + self.settings.redis_outage_grace:
+            self.past_grace += 1
+        self._past_grace_at = self._loop.time() + PAST_GRACE_EVERY
+        fields = {"worker": self.worker_id, "down_s": round(self._loop.time() - self._down_since)}
+        fields["grace_s"] = self.settings.redis_outage_grace
+        log_event(log, logging.WARNING, "coordination_past_grace", fields)
 
     def _lapsed(self) -> None:
         self._lost("lease not renewed in time")
@@ -459,42 +447,53 @@ class Coordinator:
         if self._down_since is not None:
             fields["down_s"] = round(self._loop.time() - self._down_since, 3)
             self._down_since = None
+            self._past_grace_at = math.inf
             # The listener may sit on a connection that died without a word.
-            if self._listener is not None:
-                self._listener.cancel()
-            self._generation += 1
-            self._listener = self._spawn(self._listen(self._generation), "quoteflow-fleet-listener")
+            self._relisten()
         log_event(log, logging.INFO, "coordination_up", fields)
 
-    async def _listen(self, generation: int) -> None:
-        """Sync at once when a slot is freed while we wait, or when Redis was emptied."""
+    def switched(self, by: str) -> None:
+        """The fleet found itself on another server: Redis as if emptied, every rate spent.
+
+        The script has begun the quiet period and told every worker
+        (``switched`` on the channel); what this worker leased of a caller's
+        or supplier's rate from the old server is void (``on_switch``).
+        """
+        self.switches += 1
+        for void in self.on_switch:
+            void()
+        fields = {"worker": self.worker_id, "found_by": by, "workers": self.workers}
+        log_event(log, logging.WARNING, "coordination_switched", fields)
+        if by == self.worker_id:
+            self._relisten()  # its subscription may be on the old server, which hears nothing
+
+    def _relisten(self) -> None:
         assert self._redis is not None
+        if self._listener is not None:
+            self._listener.cancel()
+        self._generation += 1
+        generation = self._generation
+        self._listener = self._spawn(
+            listen(
+                self._redis,
+                self.channel,
+                listening=lambda: not self._closing and generation == self._generation,
+                heard=self._heard,
+                errors=self._errors,
+            ),
+            "quoteflow-fleet-listener",
+        )
 
-        def listening() -> bool:
-            return not self._closing and generation == self._generation
-
-        while listening():
-            pubsub = self._redis.pubsub()
-            try:
-                async with asyncio.timeout(RECONNECT):
-                    await pubsub.subscribe(self.channel)
-                while listening():
-                    # A read with a time limit, not a blocking one: see close().
-                    message = await pubsub.get_message(
-                        ignore_subscribe_messages=True, timeout=LISTEN_WAKE
-                    )
-                    if message is None:
-                        continue
-                    data = bytes(message["data"])
-                    kind, _, sender = data.partition(b" ")
-                    if kind == b"paused":
-                        self._paused_elsewhere(data)
-                    elif sender != self._id_bytes and self.slots.heard(kind):
-                        self.request_sync(0.0, force=True)
-            except self._errors:
-                pass
-            finally:
-                # Untyped before redis-py 8.2, typed since: Any suits both.
-                await cast(Any, pubsub).aclose()
-            if listening():
-                await asyncio.sleep(RECONNECT)
+    def _heard(self, data: bytes) -> None:
+        kind, _, sender = data.partition(b" ")
+        if kind == b"paused":
+            pause = pause_of(data, self._id_bytes)
+            if pause is not None and self.pauses is not None and pause[0] in self.shares:
+                self.pauses.pause(*pause, told_by="fleet")
+        elif sender == self._id_bytes:
+            return
+        elif kind == b"switched":
+            self.switched(sender.decode(errors="replace"))
+            self.request_sync(0.0, force=True)  # it must learn what we hold
+        elif self.slots.heard(kind):
+            self.request_sync(0.0, force=True)

@@ -25,5 +25,8 @@ async def fleet_holdings(client: Redis, prefix: str) -> dict[str, dict[str, int]
         if name not in live:
             continue
         fields = (record.decode() if isinstance(record, bytes) else str(record)).split()
-        holdings[name] = {fields[i]: int(fields[i + 1]) for i in range(0, len(fields) - 1, 4)}
+        # Groups of four (name, held, want, pool), then the record's time and
+        # what the worker knew then (``script.py``).
+        last = len(fields) - (len(fields) - 1) % 4 - 1
+        holdings[name] = {fields[i]: int(fields[i + 1]) for i in range(0, last, 4)}
     return holdings

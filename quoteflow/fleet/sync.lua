@@ -4,44 +4,86 @@ local fresh, quiet_ms = tonumber(ARGV[4]), tonumber(ARGV[5])
 local joined, bye = ARGV[6] == '1', ARGV[7] == '1'
 local channel, n = ARGV[8], tonumber(ARGV[9])
 local may_announce = ARGV[10] == '1'
+local grace_ms, check_server = tonumber(ARGV[11]), ARGV[12] == '1'
 -- Each supplier's own share and retry bucket size come with every call, as
 -- this worker's catalogue states them: Redis keeps no limit of its own, so a
 -- reload that changes one needs nothing but the next call (redis-cell's way).
 local names, held, want, deposit, withdraw, pool = {}, {}, {}, {}, {}, {}
 local shares, capacities = {}, {}
 for i = 1, n do
-  local b = 10 + 8 * (i - 1)
+  local b = 12 + 8 * (i - 1)
   names[i], held[i], want[i] = ARGV[b + 1], tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
   deposit[i], withdraw[i] = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
   pool[i], shares[i], capacities[i] = tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7]),
     tonumber(ARGV[b + 8])
 end
 
--- "atlas 2 1 0.5 boreal 0 0 3 cedar 1 0 2 <ms>" -> {name -> {held, want, pool}}, ms
+-- "atlas 2 1 0.5 boreal 0 0 3 cedar 1 0 2 <ms> <workers> <rank> [<total>]"
+--   -> {name -> {held, want, pool}}, ms, workers, rank, total (a ghost's only)
+-- workers and rank: what the worker knew at that sync, so its safe share (safe.py).
 local function parse(record)
   local f = {}
   for token in string.gmatch(record, '%S+') do f[#f + 1] = token end
+  local last = #f - (#f - 1) % 4
   local entry = {}
-  for i = 1, #f - 1, 4 do
+  for i = 1, last - 1, 4 do
     entry[f[i]] = {tonumber(f[i + 1]), tonumber(f[i + 2]), tonumber(f[i + 3])}
   end
-  return entry, tonumber(f[#f])
+  return entry, tonumber(f[last]), tonumber(f[last + 1]), tonumber(f[last + 2]),
+    tonumber(f[last + 3])
+end
+
+-- safe.py's safe_share: what a worker that knew ``workers`` (its place ``rank``)
+-- may send on its own; the outbound limit's with no rank.
+local function safe(cap, workers, rank)
+  if not workers or workers <= 0 then return 1 end
+  local part = math.floor(cap / workers)
+  if part > 0 or not rank then return math.max(1, part) end
+  if rank < cap then return 1 end
+  return 0
 end
 
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
--- (2) Workers silent for ttl are gone; so is what they held.
+-- (2) A worker silent for ttl may be cut off alone, still sending on its own
+-- within the larger of its last holdings and its safe share: for grace_ms it
+-- stays, as a ghost holding that much. Then it is gone, with what it held.
+-- (One that said goodbye, or that its master saw die, is dropped at once.)
+local share_of = {}
+for i = 1, n do share_of[names[i]] = shares[i] end
 local dropped = 0
 local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 for _, wid in ipairs(dead) do
   local record = redis.call('HGET', KEYS[2], wid)
-  if record then
+  if record and grace_ms > 0 then
+    local entry, at, workers, rank = parse(record)
+    local parts, held_sum, kept_sum = {}, 0, 0
+    for name, hw in pairs(entry) do
+      local kept = hw[1]
+      if share_of[name] then kept = math.max(kept, safe(share_of[name], workers, rank)) end
+      held_sum, kept_sum = held_sum + hw[1], kept_sum + kept
+      parts[#parts + 1] = name .. ' ' .. kept .. ' 0 ' .. hw[3]
+    end
+    local total = math.min(kept_sum, math.max(held_sum, safe(limit, workers)))
+    parts[#parts + 1] = (at or now) .. ' ' .. (workers or 0) .. ' ' .. (rank or 0) .. ' ' .. total
+    redis.call('HSET', KEYS[2], wid, table.concat(parts, ' '))
+    redis.call('ZADD', KEYS[5], now + grace_ms, wid)
+  elseif record then
     for _, hw in pairs(parse(record)) do dropped = dropped + hw[1] end
     redis.call('HDEL', KEYS[2], wid)
   end
   redis.call('ZREM', KEYS[1], wid)
 end
+for _, wid in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)) do
+  local record = redis.call('HGET', KEYS[2], wid)
+  if record then
+    for _, hw in pairs(parse(record)) do dropped = dropped + hw[1] end
+    redis.call('HDEL', KEYS[2], wid)
+  end
+  redis.call('ZREM', KEYS[5], wid)
+end
+redis.call('ZREM', KEYS[5], id)
 
 -- An emptied Redis (restart, FLUSHALL) has no epoch. Found so by a worker that
 -- had joined, it grants nothing for quiet_ms: every holder reports first.
@@ -52,6 +94,24 @@ if not epoch then
   if joined then epoch, reset = now, true end
   redis.call('SET', KEYS[4], epoch)
 end
+-- A promoted replica (or a restart from disk) holds the fleet's keys as they
+-- were some writes ago, the epoch among them: found by its run id differing
+-- from the one the fleet last ran on. Treated as an emptied Redis, and every
+-- rate as just spent (quota.lua reads <p>:switched): no lost write may let a
+-- supplier or a caller receive more than promised.
+local switched = false
+if check_server then
+  local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+  local known = redis.call('GET', KEYS[6])
+  if known ~= run_id then
+    if known and joined and not reset then
+      switched, reset, epoch = true, true, now
+      redis.call('SET', KEYS[4], epoch)
+    end
+    redis.call('SET', KEYS[6], run_id)
+  end
+end
+if switched then redis.call('SET', KEYS[7], now, 'PX', 86400000) end
 local quiet = now < epoch + quiet_ms
 
 -- Whether this worker now holds fewer slots of some supplier than its last record said.
@@ -73,7 +133,7 @@ for i = 1, n do held_all[names[i]], pools[names[i]] = 0, 0 end
 local rows = redis.call('HGETALL', KEYS[2])
 for k = 1, #rows, 2 do
   if rows[k] ~= id then
-    local entry, at = parse(rows[k + 1])
+    local entry, at, _, _, ghost_total = parse(rows[k + 1])
     local live = at + fresh > now
     local demand = {id = rows[k], total = 0, per = {}}
     for name, hw in pairs(entry) do
@@ -85,13 +145,21 @@ for k = 1, #rows, 2 do
       demand.total = demand.total + hw[1] + w
       others_want = others_want + w
     end
+    if ghost_total then
+      -- A ghost holds its whole safe share of each supplier, but no more of the
+      -- limit than it could send in all.
+      total_all = total_all - demand.total + ghost_total
+      demand.total = ghost_total
+    end
     others[#others + 1] = demand
   end
 end
 
 local starved, full = false, false
 local function publish()
-  if reset then
+  if switched then
+    redis.call('PUBLISH', channel, 'switched ' .. id)
+  elseif reset then
     redis.call('PUBLISH', channel, 'reset ' .. id)
   elseif others_want > 0 and (lowered or dropped > 0) and not full then
     redis.call('PUBLISH', channel, 'freed ' .. id)
@@ -128,7 +196,7 @@ if bye then
   for i = 1, n do none[i] = 0 end
   lower(none)
   publish()
-  return {0, 0, 0, #others, 0, 0}
+  return {0, 0, 0, #others, 0, 0, 0}
 end
 
 local mine, my_demand = 0, 0
@@ -230,7 +298,15 @@ local after_grants = {}
 for i = 1, n do after_grants[i] = held[i] + granted[i] end
 lower(after_grants)
 
--- (3) This worker's whole truth, with a new expiry.
+-- This worker's place among the live ones, by id: while Redis is out, a share
+-- smaller than the workers goes one slot each to the first ``share`` (safe.py).
+local rank = 0
+for _, o in ipairs(others) do
+  if o.id < id then rank = rank + 1 end
+end
+
+-- (3) This worker's whole truth, with a new expiry; and what it knows now
+-- (the workers, its rank), whence its safe share should it be cut off.
 local parts = {}
 for i = 1, n do
   parts[#parts + 1] = names[i]
@@ -239,23 +315,19 @@ for i = 1, n do
   parts[#parts + 1] = string.format('%.3f', pool[i] + taken[i])
 end
 parts[#parts + 1] = now
+parts[#parts + 1] = #others + 1
+parts[#parts + 1] = rank
 redis.call('HSET', KEYS[2], id, table.concat(parts, ' '))
 redis.call('ZADD', KEYS[1], now + ttl, id)
 -- Keys of a fleet that stopped altogether vanish on their own.
 redis.call('PEXPIRE', KEYS[1], 10 * ttl)
-redis.call('PEXPIRE', KEYS[2], 10 * ttl)
+redis.call('PEXPIRE', KEYS[2], 10 * ttl + grace_ms)
+redis.call('PEXPIRE', KEYS[5], 10 * ttl + grace_ms)
 
 local announced = publish()
 
--- This worker's place among the live ones, by id: while Redis is out, a share
--- smaller than the workers goes one slot each to the first ``share`` (safe.py).
-local rank = 0
-for _, o in ipairs(others) do
-  if o.id < id then rank = rank + 1 end
-end
-
 local reply = {quiet and 1 or 0, others_want > 0 and 1 or 0, allowed_total, #others + 1,
-  announced, rank}
+  announced, rank, switched and 1 or 0}
 for i = 1, n do
   local free = math.max(0, math.min(room[i], room_total, cap[i], cap_total))
   -- Could have been granted, were the limit not full: worth trading a slot for.

@@ -1,0 +1,71 @@
+"""The sync script's keys, arguments and reply (``sync.lua``): what one ``EVALSHA`` carries.
+
+KEYS, all under the fleet's prefix ``<p>``:
+
+    <p>:workers   ZSET    live worker id → expiry (ms, Redis' clock)
+    <p>:state     HASH    worker id → "name held want pool ... <ms> <workers> <rank>"
+    <p>:tokens    HASH    retry or hedge bucket → level
+    <p>:epoch     STRING  when this state began (missing: Redis was emptied)
+    <p>:ghosts    ZSET    worker id → end of its grace (ms): one cut off, still held back
+    <p>:server    STRING  run id of the server the fleet last synced on
+    <p>:switched  STRING  when the fleet last found itself on another server (ms)
+
+ARGV: worker id, ttl ms, limit, want-fresh ms, quiet ms, joined (0/1),
+leaving (0/1), channel, n entries, may announce ``wanted`` (0/1), outage
+grace ms, check the server (0/1), then per entry: name, held, want, tokens
+deposited, whole tokens to withdraw, tokens in the pool, its share, its
+bucket's capacity. Each supplier is an entry; so is each hedge bucket
+(``HEDGE_ENTRY``: a share of 0, no slots).
+
+Reply: ``HEAD`` fields (quiet, others waiting, allowed total, live workers,
+announced ``wanted``, this worker's rank, switched server), then ``PER``
+fields per supplier (granted, allowed, free, grantable — free but for the
+whole limit —, tokens withdrawn, bucket level); hedge entries follow the
+suppliers.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Final
+
+SCRIPT: Final = resources.files("quoteflow.fleet").joinpath("sync.lua").read_text(encoding="utf-8")
+"""The sync, one atomic step in Redis (``sync.lua``): read once, at import; run by ``EVALSHA``."""
+
+HEDGE_ENTRY: Final = "{}#hedge"
+"""A hedge bucket's name in Redis: an entry of its own beside the supplier's, holding no slots."""
+
+HEAD: Final = 7
+"""Fields of the reply before the first supplier's."""
+PER: Final = 6
+"""Fields of the reply per entry."""
+
+SERVER_CHECK: Final = 1.0
+"""Seconds between two looks at which server a sync runs on, while nothing failed.
+
+A failover is seen at once by a worker whose sync fails (its next one looks);
+one whose connections moved over without an error finds it within this.
+"""
+
+
+def keys(prefix: str) -> list[str]:
+    """The script's KEYS, in its order (the module's docstring)."""
+    names = ("workers", "state", "tokens", "epoch", "ghosts", "server", "switched")
+    return [f"{prefix}:{name}" for name in names]
+
+
+SWITCHED_KEY: Final = "{}:switched"
+"""``<p>:switched``, which the callers' and suppliers' rate script reads too (``quota.lua``)."""
+
+
+def entry(
+    name: str,
+    held: int,
+    want: int,
+    tokens: tuple[float, int, float],
+    share: int,
+    capacity: float,
+) -> list[str | int]:
+    """One entry's eight arguments; ``tokens``: deposited, withdrawn, in the pool."""
+    deposit, withdraw, pool = tokens
+    return [name, held, want, f"{deposit:.6f}", withdraw, f"{pool:.6f}", share, f"{capacity:.6f}"]
