@@ -49,17 +49,18 @@ pytest: $(STAMP) need-redis need-chromium
 	# processes); the gunicorn fleet tests run one at a time (tests/conftest.py).
 	$(BIN)/pytest -q -n 3 --dist loadgroup --durations=10
 
-# The fleet tests and `make fleet` run Debian's redis-server: installed here when
-# we are root with apt (as `make bench` does for wrk); otherwise make stops with
-# the one command to run. A missing redis-server never makes the tests skip here.
-REDIS_INSTALL := apt-get update && apt-get install -y redis-server
+# The fleet tests and `make fleet` run Debian's redis-server, and the failover
+# tests its redis-sentinel: installed here when we are root with apt (as `make
+# bench` does for wrk); otherwise make stops with the one command to run. A
+# missing redis-server never makes the tests skip here.
+REDIS_INSTALL := apt-get update && apt-get install -y redis-server redis-sentinel
 
 need-redis:
-	@command -v redis-server >/dev/null 2>&1 || { \
+	@{ command -v redis-server && command -v redis-sentinel; } >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "redis-server not found: running \`$(REDIS_INSTALL)\`"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server \
-	      && command -v redis-server >/dev/null 2>&1; \
+	    echo "redis-server or redis-sentinel not found: running \`$(REDIS_INSTALL)\`"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      redis-server redis-sentinel && command -v redis-server >/dev/null 2>&1; \
 	  else \
 	    echo "redis-server is not installed; install it (as root) with:"; \
 	    echo "    $(REDIS_INSTALL)"; \

@@ -7,12 +7,10 @@ two shares, and once the new workers serve alone the new shares hold.
 
 "Redis up" here means every worker reaches it: the workers get a Redis time
 limit (``REDIS_TIMEOUT``) that a loop stalled by a HUP's new processes on two
-cores does not pass. With the default 50 ms, one worker was once cut off alone
-mid-swap and kept to its safe share while the others held the whole share —
-5 in flight for a share of 4, which is the documented bound for a worker cut
-off alone (share + its safe share, ``docs/suppliers.md``), held by
-``tests/test_fleet.py::test_a_worker_cut_off_alone_adds_at_most_its_safe_share``,
-not the one this test asserts.
+cores does not pass. A worker cut off alone is held back by the others for the
+outage grace (``docs/suppliers.md``), held by
+``tests/test_fleet.py::test_a_worker_cut_off_alone_adds_nothing_to_any_share``
+and ``tests/test_fleet_ha.py``.
 """
 
 from __future__ import annotations
