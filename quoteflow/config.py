@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 import attrs
 from attrs import validators as v
@@ -39,6 +40,10 @@ def redact_url(url: str) -> str:
 
 def _lower(value: str) -> str:
     return value.lower()
+
+
+def _addresses(value: Iterable[tuple[str, int]] | None) -> tuple[tuple[str, int], ...] | None:
+    return None if value is None else tuple(value)
 
 
 @attrs.frozen(kw_only=True)
@@ -149,7 +154,7 @@ class Settings:
     redis_prefix: str = attrs.field(default="quoteflow")
     """Prefix of QuoteFlow's Redis keys, so several fleets can share one Redis."""
     redis_sentinel: tuple[tuple[str, int], ...] | None = attrs.field(
-        default=None, converter=attrs.converters.optional(tuple)
+        default=None, converter=_addresses
     )
     """Fleet mode through Redis Sentinel: the sentinels' addresses; the primary is theirs to
     name, and a failover is followed. Needs ``redis_master``; ``redis_url``, if given, only

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import random
 import shutil
 import subprocess
@@ -27,6 +28,7 @@ from redis.asyncio import Redis
 from quoteflow.config import Settings
 from quoteflow.fleet import Coordinator
 from quoteflow.fleet.hosts import HOSTS_KEY
+from quoteflow.fleet.timing import JOIN_PATIENCE
 from tests.process import free_port
 from tests.redis_server import RedisServer, redis_server_binary
 
@@ -251,7 +253,7 @@ class Replicated:
             self.processes.append(process)
         # Ready for a failover once each sentinel knows the replica and the two others.
         for port in self.sentinels:
-            wait_for(lambda p=port: b"slaves=1,sentinels=3" in info(p, "sentinel"), within=15)
+            wait_for(functools.partial(knows_all, port), within=15)
 
     def kill_primary(self) -> None:
         self.servers[self.primary].kill()
@@ -261,6 +263,11 @@ class Replicated:
         for process in self.processes:
             process.kill()
             process.wait()
+
+
+def knows_all(sentinel: int) -> bool:
+    """Whether a sentinel knows the replica and both other sentinels."""
+    return b"slaves=1,sentinels=3" in info(sentinel, "sentinel")
 
 
 def info(port: int, section: str) -> bytes:
@@ -324,3 +331,34 @@ async def test_a_failover_keeps_every_share_and_the_fleet_follows_the_promoted_r
         done = sum(meter.done[w.worker_id] for w in workers)
         await until(lambda: sum(meter.done[w.worker_id] for w in workers) > done, 3.0)
         assert meter.kept(), (dict(meter.peak), meter.peak_total)
+
+
+async def test_a_new_worker_slow_to_join_sends_nothing_until_its_patience_is_spent() -> None:
+    """A new worker whose first syncs time out (a Redis that accepts and never answers, as a
+    HUP under load can make it) is not on its own yet: it sends nothing while others may hold
+    whole shares; past ``JOIN_PATIENCE``, Redis still silent, one attempt at a time."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def silent(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)  # read nothing, answer nothing
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    worker = Coordinator(
+        settings_for(f"redis://127.0.0.1:{port}/0"), suppliers=SUPPLIERS, shares=SHARES
+    )
+    try:
+        await worker.start()
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(worker.slots.acquire("boreal"), JOIN_PATIENCE - 0.5)
+        await asyncio.wait_for(worker.slots.acquire("boreal"), 2.0)
+        assert time.monotonic() - started >= JOIN_PATIENCE - 0.1
+        assert worker.slots.local_limit == 1  # no fleet it knows of: one at a time
+        worker.slots.release("boreal")
+    finally:
+        await worker.close()
+        for writer in accepted:
+            writer.transport.abort()
+        server.close()
+        await server.wait_closed()

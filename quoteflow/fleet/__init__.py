@@ -20,6 +20,12 @@ to workers (YouTube's Doorman), and a request only ever waits on a local future.
 The package, one module per concern, each importing only those below it:
 
     coordinator.py  Coordinator: the Redis client, the sync, heartbeat, listener, fallback
+    release.py      release_process: a dead worker's records freed by its gunicorn master
+    holdings.py     fleet_holdings: what Redis says each live worker holds
+    hosts.py        HostCheck: each host's settings stated in Redis, differences flagged
+    listener.py     listen: the fleet's channel (freed, wanted, reset, switched, paused)
+    client.py       redis_client: one server, or the primary the sentinels name
+    script.py       the sync script's keys, arguments and reply
     sync.lua        the script one sync runs in Redis (read once, sent by EVALSHA)
     deadline.py     LoopFairTimeout: a sync's time limit, which our busy loop cannot trip
     leases.py       FleetSlots: leased slots, what a sync reports and takes, the fallback
@@ -27,7 +33,6 @@ The package, one module per concern, each importing only those below it:
     idle.py         IdleClock: how long a leased slot has stood idle (the LINGER rule)
     safe.py         safe_share, capped_wants: what a worker may send on its own, and ask on return
     budget.py       FleetRetryBudget, FleetHedgeBudget: pools drawn from the fleet's buckets
-    holdings.py     fleet_holdings: what Redis says each live worker holds
     timing.py       TTL, HEARTBEAT, POLL, LINGER ...: the clock every part keeps to
 
 **Leases.** Per supplier a worker keeps ``leased`` (slots Redis granted it),
@@ -130,9 +135,21 @@ answer never came are dropped, not re-sent: at worst a few retries fewer,
 never a token counted twice. On its own, a worker's bucket holds its safe
 share of the capacity (``FleetRetryBudget.go_local``).
 
-What is left open, on purpose: a worker cut off from Redis *alone* (the others
-still reach it) is dropped after ``TTL`` and the others may be granted what it
-still uses within its safe share; more workers than the limit send one attempt
+**A worker cut off alone** (the others still reach Redis) cannot tell that
+from Redis being gone, and keeps to its safe share. So when its record lapses
+(``TTL``) the script keeps it as a *ghost* for ``--redis-outage-grace``
+(``<p>:ghosts``), holding the larger of its last holdings and its safe share,
+and grants the others only the rest; back on Redis, its first sync replaces
+the ghost with what it holds. One that said goodbye, or whose gunicorn master
+saw it exit (``release.py``), is dropped at once.
+
+**Another server** (a Sentinel failover, a restore from disk): the script
+compares the server's run id with ``<p>:server`` after a failure and once a
+second; a different one is a reset, as an emptied Redis, and every rate is
+spent at that moment (``<p>:switched``, read by ``callers/quota.lua``).
+
+What is left open, on purpose: a worker alone past the grace keeps its safe
+share (logged once a minute); more workers than the limit send one attempt
 each (``safe.py``), and so does a worker started while Redis is away, above the
 others' shares; a worker that stalls longer than
 ``LEASE_TRUST`` with attempts already sent (they run on) can overlap with

@@ -20,6 +20,7 @@ from quoteflow.fleet.script import HEAD, HEDGE_ENTRY, PER, SCRIPT, SERVER_CHECK,
 from quoteflow.fleet.timing import (
     FIRST_SYNC_TRIPS,
     HEARTBEAT,
+    JOIN_PATIENCE,
     LATE_LOOP_MOST,
     LEASE_TRUST,
     LISTEN_WAKE,
@@ -132,6 +133,7 @@ class Coordinator:
         self._sentinels: Sentinel | None = None
         self._script: AsyncScript | None = None
         self._errors: tuple[type[BaseException], ...] = (OSError, TimeoutError)
+        self._slow: tuple[type[BaseException], ...] = self._errors
         self._tasks: set[asyncio.Task[None]] = set()
         self._listener: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -145,14 +147,16 @@ class Coordinator:
     async def start(self) -> None:
         """Create the client and the background tasks; Redis need not answer yet."""
         from redis.exceptions import RedisError
+        from redis.exceptions import TimeoutError as RedisTimeout
 
-        self._errors = (RedisError, OSError, TimeoutError)
+        self._errors, self._slow = (RedisError, OSError, TimeoutError), (RedisTimeout, TimeoutError)
         # The client's time limit is only a backstop: each sync's own deadline
         # (LoopFairTimeout) is the time limit. redis-py's would fire when our
         # busy loop reads a reply late, and count it as Redis being slow.
         self._redis, self._sentinels = redis_client(self.settings, timeout=self._call_most)
         self._script = self._redis.register_script(SCRIPT)
         self._loop = asyncio.get_running_loop()
+        self._started_at = self._loop.time()
         self._spawn(self._run(), "quoteflow-fleet-sync")
         self._relisten()
         self._set_due(self._loop.time())
@@ -358,7 +362,7 @@ class Coordinator:
                 reply = await self._script(keys=self._keys, args=args)
         except self._errors as exc:
             self.syncs["failed"] += 1
-            self._lost(f"{type(exc).__name__}: {exc}".strip())
+            self._lost(f"{type(exc).__name__}: {exc}".strip(), slow=isinstance(exc, self._slow))
             return
         self.syncs["late_loop" if deadline.loop_was_late else "ok"] += 1
         self.joined = True
@@ -397,12 +401,15 @@ class Coordinator:
         if soon is not None:
             self.request_sync(soon)
 
-    def _lost(self, reason: str) -> None:
+    def _lost(self, reason: str, *, slow: bool = False) -> None:
         """A sync failed: the safe share at once, one warning, and a retry every ``RECONNECT``."""
         if self._closing:
             return
-        retry = RECONNECT
-        if self._loop.time() >= self._past_grace_at:
+        now, retry = self._loop.time(), RECONNECT
+        if slow and not self.joined and now < self._started_at + JOIN_PATIENCE:
+            self._set_due(now + RETRY_SOON)  # slow to join is not cut off (JOIN_PATIENCE)
+            return
+        if now >= self._past_grace_at:
             self._still_alone()
         if self.slots.mode != LOCAL:
             # The first retry comes soon: after one slow call, a worker that
@@ -424,11 +431,8 @@ class Coordinator:
         self._set_due(self._loop.time() + retry)
 
     def _still_alone(self) -> None:
-        """Past the grace the others no longer hold back our safe share: said once a minute.
-
-        The one case where the fleet may send more than a share: kept so that
-        QuoteFlow still answers while Redis is down for every worker.
-        """
+        """Past the grace the others no longer hold back our safe share (the one case where the
+        fleet may pass a share, so that it answers with Redis down): said once a minute."""
         assert self._down_since is not None
         if self._past_grace_at == self._down_since + self.settings.redis_outage_grace:
             self.past_grace += 1
@@ -453,12 +457,8 @@ class Coordinator:
         log_event(log, logging.INFO, "coordination_up", fields)
 
     def switched(self, by: str) -> None:
-        """The fleet found itself on another server: Redis as if emptied, every rate spent.
-
-        The script has begun the quiet period and told every worker
-        (``switched`` on the channel); what this worker leased of a caller's
-        or supplier's rate from the old server is void (``on_switch``).
-        """
+        """The fleet is on another server: the script began the quiet period and told every
+        worker; what this worker leased of any rate from the old server is void (``on_switch``)."""
         self.switches += 1
         for void in self.on_switch:
             void()

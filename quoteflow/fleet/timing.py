@@ -58,3 +58,14 @@ A new connection, an ``EVALSHA`` answered ``NOSCRIPT`` (a restarted Redis),
 ``SCRIPT LOAD`` and the ``EVALSHA`` again. Held to one round trip's limit, a
 worker booting on a loaded machine fell back before it ever joined.
 """
+JOIN_PATIENCE: Final = 2 * TTL
+"""Seconds a worker whose first syncs time out keeps trying before it sends on its own.
+
+A Redis that refuses the connection is down: a new worker then sends one
+attempt at a time at once. One whose first sync is slow (a loaded machine,
+a ``HUP`` starting new workers under load) is not cut off: its one attempt
+at a time beside workers holding whole shares would pass them. It sends
+nothing for this long — its calls wait for a slot as long as their
+deadlines allow — then, Redis still silent, one attempt at a time (the
+documented case of a worker started while Redis is away).
+"""
