@@ -1,0 +1,138 @@
+"""Two gunicorn masters on one Redis: one fleet, its shares held between them, through faults.
+
+Two masters of two workers each (two "hosts"), the lab's atlas, boreal and
+cedar at 120 ms with shares 1, 4 and 2, 16 connections on each master. Host B
+reaches Redis through a TCP proxy the test owns. In turn: both up; B's link
+cut (its workers on their safe shares, A's holding them back); the link back;
+a ``HUP`` of A under load while B serves. The lab counts each supplier's peak
+in flight (a call until its connection is closed); every answer is a 200 or
+the admission's 503, within the budget and the loaded machine's margin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tests.catalogue_fakes import write_catalogue
+from tests.fleet.procs import Gunicorn, RedisServer, start_gunicorn, start_lab, stop
+from tests.fleet.test_gunicorn_reload import _replaced
+from tests.fleet.test_gunicorn_shares import _peaks, _reset
+from tests.test_fleet_ha import Link
+
+SHARES = {"atlas": 1, "boreal": 4, "cedar": 2}
+CONNECTIONS = 16
+BUDGET_S = 0.6
+MARGIN_S = 0.25
+"""A loaded machine's margin over the budget (docs/operations.md)."""
+
+
+class Callers:
+    """``CONNECTIONS`` callers on one master until stopped: statuses and the slowest answer."""
+
+    def __init__(self, session: aiohttp.ClientSession, fleet: Gunicorn) -> None:
+        self.session, self.fleet = session, fleet
+        self.statuses: list[int] = []
+        self.slowest = 0.0
+        self.dropped = 0
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._tasks = [asyncio.create_task(self._caller()) for _ in range(CONNECTIONS)]
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+    async def _caller(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                async with self.session.post(
+                    f"{self.fleet.url}/api/quotes", json={"quantity": 1}
+                ) as response:
+                    await response.read()
+                    self.statuses.append(response.status)
+                self.slowest = max(self.slowest, time.monotonic() - started)
+            except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, TimeoutError):
+                self.dropped += 1  # a kept-alive connection an old worker closed on a HUP
+
+
+async def test_two_masters_keep_every_share_through_a_cut_link_and_a_reload(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Both masters up, B cut off from Redis and back, A reloaded: no share ever passed."""
+    lab = start_lab(tmp_path, "--names", "atlas,boreal,cedar", "--latency-ms", "120")
+    path = tmp_path / "suppliers.toml"
+    write_catalogue(
+        path,
+        [{"name": n, "url": f"{lab.url}/quotes/{n}", "share": s} for n, s in SHARES.items()],
+    )
+    link = Link(redis_server.port)
+    await link.start()
+    settings = {
+        "QUOTEFLOW_SUPPLIERS_FILE": str(path),
+        "QUOTEFLOW_REDIS_URL": redis_server.url,
+        "QUOTEFLOW_REDIS_PREFIX": "hosts",
+        "QUOTEFLOW_BUDGET": str(BUDGET_S),
+        "QUOTEFLOW_REDIS_TIMEOUT": "0.1",
+        "QUOTEFLOW_LOG_LEVEL": "warning",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    host_a = start_gunicorn(tmp_path / "a", settings)
+    proxied = f"redis://127.0.0.1:{link.port}/0"
+    host_b = start_gunicorn(tmp_path / "b", {**settings, "QUOTEFLOW_REDIS_URL": proxied})
+    peaks: dict[str, dict[str, int]] = {}
+    try:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=2 * CONNECTIONS),
+            timeout=aiohttp.ClientTimeout(total=5),
+        ) as session:
+            callers = [Callers(session, host) for host in (host_a, host_b)]
+
+            async def phase(name: str, action: Any, seconds: float) -> None:
+                for caller in callers:
+                    await caller.stop()
+                await _reset(session, lab)
+                for caller in callers:
+                    caller.start()
+                if action is not None:
+                    await action()
+                await asyncio.sleep(seconds)
+                peaks[name] = await _peaks(session, lab)
+
+            async def cut() -> None:
+                link.sever()
+
+            async def restore() -> None:
+                link.cut = False
+
+            async def reload_a() -> None:
+                await _replaced(host_a)
+
+            await phase("both up", None, 1.0)
+            await phase("B cut off", cut, 3.0)
+            await phase("B back", restore, 1.5)
+            await phase("A reloaded", reload_a, 1.0)
+            for caller in callers:
+                await caller.stop()
+    finally:
+        codes = [host.stop() for host in (host_a, host_b)]
+        stop(lab.process)
+        await link.close()
+    assert codes == [0, 0]
+    for name, seen in peaks.items():
+        assert all(seen.get(s, 0) <= share for s, share in SHARES.items()), (name, peaks)
+    for caller in callers:
+        assert set(caller.statuses) <= {200, 503}, set(caller.statuses)
+        assert caller.statuses.count(200) > 50
+        assert caller.slowest <= BUDGET_S + MARGIN_S, caller.slowest
+    assert callers[0].dropped <= 2 * CONNECTIONS
