@@ -104,6 +104,7 @@ class Link:
         self.port = free_port()
         self.cut = False
         self._pipes: set[asyncio.StreamWriter] = set()
+        self._served: set[asyncio.Task[Any]] = set()
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -113,7 +114,15 @@ class Link:
         if self.cut:
             writer.transport.abort()
             return
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        task = asyncio.current_task()
+        assert task is not None
+        self._served.add(task)
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:
+            writer.transport.abort()
+            self._served.discard(task)
+            return
         self._pipes |= {writer, up_writer}
 
         async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
@@ -127,6 +136,7 @@ class Link:
 
         await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
         self._pipes -= {writer, up_writer}
+        self._served.discard(task)
 
     def sever(self) -> None:
         """Cut: every connection through the link dies, and new ones are refused."""
@@ -135,7 +145,10 @@ class Link:
             pipe.transport.abort()
 
     async def close(self) -> None:
+        """Cut every connection, stop listening, and wait until each pipe has ended."""
         self.sever()
+        if self._served:
+            await asyncio.wait(set(self._served), timeout=2.0)
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()

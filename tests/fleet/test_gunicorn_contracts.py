@@ -21,8 +21,8 @@ import aiohttp
 
 from tests.catalogue_fakes import write_catalogue
 from tests.fleet.conftest import BUDGET_S
+from tests.fleet.load import CONNECTIONS, Load, reset
 from tests.fleet.procs import Lab, RedisServer, start_gunicorn, start_lab, stop
-from tests.fleet.test_gunicorn_shares import CONNECTIONS, Load, _reset
 
 LAB_RATE = 22
 """The lab's rate for the metered supplier, a second: a little above QuoteFlow's 20.
@@ -63,7 +63,7 @@ async def _rate_phase(
     """Quiet, zero the lab's counts, load for ``seconds``, quiet: its stats, and how long."""
     await load.stop()
     load.take_codes()  # a warm-up's, or the time Redis went away
-    await _reset(session, lab)
+    await reset(session, lab)
     began = time.monotonic()
     load.start()
     await asyncio.sleep(seconds)

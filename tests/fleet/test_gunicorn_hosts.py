@@ -4,9 +4,14 @@ Two masters of two workers each (two "hosts"), the lab's atlas, boreal and
 cedar at 120 ms with shares 1, 4 and 2, 16 connections on each master. Host B
 reaches Redis through a TCP proxy the test owns. In turn: both up; B's link
 cut (its workers on their safe shares, A's holding them back); the link back;
-a ``HUP`` of A under load while B serves. The lab counts each supplier's peak
-in flight (a call until its connection is closed); every answer is a 200 or
-the admission's 503, within the budget and the loaded machine's margin.
+a rolling reload under load — the catalogue's shares swapped (atlas 4, boreal
+1), ``HUP`` to A, then to B, each while the other serves. The lab counts each
+supplier's peak in flight (a call until its connection is closed): never
+above its share (during the reload, the larger of its two); every answer a
+200 or the admission's 503, within the budget and the loaded machine's margin.
+
+(Redis stopped for every worker is ``test_safe_share.py``'s; a share of 1 to
+one worker only, there too.)
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ from typing import Any
 import aiohttp
 
 from tests.catalogue_fakes import write_catalogue
+from tests.fleet.load import peaks as lab_peaks
+from tests.fleet.load import reset
 from tests.fleet.procs import Gunicorn, RedisServer, start_gunicorn, start_lab, stop
 from tests.fleet.test_gunicorn_reload import _replaced
-from tests.fleet.test_gunicorn_shares import _peaks, _reset
 from tests.test_fleet_ha import Link
 
 SHARES = {"atlas": 1, "boreal": 4, "cedar": 2}
+SWAPPED = {"atlas": 4, "boreal": 1, "cedar": 2}
 CONNECTIONS = 16
 BUDGET_S = 0.6
 MARGIN_S = 0.25
@@ -64,16 +71,20 @@ class Callers:
                 self.dropped += 1  # a kept-alive connection an old worker closed on a HUP
 
 
-async def test_two_masters_keep_every_share_through_a_cut_link_and_a_reload(
+async def test_two_masters_keep_every_share_through_a_cut_link_and_a_rolling_reload(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    """Both masters up, B cut off from Redis and back, A reloaded: no share ever passed."""
+    """Both masters up, B cut off from Redis and back, both reloaded in turn: no share passed."""
     lab = start_lab(tmp_path, "--names", "atlas,boreal,cedar", "--latency-ms", "120")
     path = tmp_path / "suppliers.toml"
-    write_catalogue(
-        path,
-        [{"name": n, "url": f"{lab.url}/quotes/{n}", "share": s} for n, s in SHARES.items()],
-    )
+
+    def catalogue(shares: dict[str, int]) -> None:
+        entries = [
+            {"name": n, "url": f"{lab.url}/quotes/{n}", "share": s} for n, s in shares.items()
+        ]
+        write_catalogue(path, entries)
+
+    catalogue(SHARES)
     link = Link(redis_server.port)
     await link.start()
     settings = {
@@ -101,13 +112,13 @@ async def test_two_masters_keep_every_share_through_a_cut_link_and_a_reload(
             async def phase(name: str, action: Any, seconds: float) -> None:
                 for caller in callers:
                     await caller.stop()
-                await _reset(session, lab)
+                await reset(session, lab)
                 for caller in callers:
                     caller.start()
                 if action is not None:
                     await action()
                 await asyncio.sleep(seconds)
-                peaks[name] = await _peaks(session, lab)
+                peaks[name] = await lab_peaks(session, lab)
 
             async def cut() -> None:
                 link.sever()
@@ -115,13 +126,16 @@ async def test_two_masters_keep_every_share_through_a_cut_link_and_a_reload(
             async def restore() -> None:
                 link.cut = False
 
-            async def reload_a() -> None:
-                await _replaced(host_a)
+            async def rolling_reload() -> None:
+                catalogue(SWAPPED)
+                await _replaced(host_a)  # under load, B serving the old shares meanwhile
+                await _replaced(host_b)
 
             await phase("both up", None, 1.0)
             await phase("B cut off", cut, 3.0)
             await phase("B back", restore, 1.5)
-            await phase("A reloaded", reload_a, 1.0)
+            await phase("rolling reload", rolling_reload, 0.0)
+            await phase("swapped", None, 1.5)
             for caller in callers:
                 await caller.stop()
     finally:
@@ -129,8 +143,15 @@ async def test_two_masters_keep_every_share_through_a_cut_link_and_a_reload(
         stop(lab.process)
         await link.close()
     assert codes == [0, 0]
-    for name, seen in peaks.items():
-        assert all(seen.get(s, 0) <= share for s, share in SHARES.items()), (name, peaks)
+    during = {s: max(SHARES[s], SWAPPED[s]) for s in SHARES}
+    for name, promised in [
+        *((name, SHARES) for name in ("both up", "B cut off", "B back")),
+        ("rolling reload", during),
+        ("swapped", SWAPPED),
+    ]:
+        seen = peaks[name]
+        assert all(seen.get(s, 0) <= share for s, share in promised.items()), (name, peaks)
+    assert peaks["swapped"]["atlas"] >= 2  # the new shares are the ones in force
     for caller in callers:
         assert set(caller.statuses) <= {200, 503}, set(caller.statuses)
         assert caller.statuses.count(200) > 50

@@ -16,9 +16,9 @@ from typing import Any
 import aiohttp
 
 from tests.catalogue_fakes import write_catalogue
+from tests.fleet.load import CONNECTIONS, Load
 from tests.fleet.procs import Lab, RedisServer, start_gunicorn, start_lab, stop
 from tests.fleet.test_gunicorn_contracts import _send, _settings, _stats
-from tests.fleet.test_gunicorn_shares import CONNECTIONS, Load
 
 PAUSE_S = 2
 
