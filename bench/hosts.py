@@ -123,7 +123,10 @@ def main() -> None:
                 "redis",
                 redis_port,
                 subprocess.Popen(
-                    [find_redis(), "--port", str(redis_port), "--bind", HOST, "--save", ""],
+                    [
+                        *(find_redis(), "--port", str(redis_port), "--bind", HOST),
+                        *("--save", "", "--appendonly", "no", "--dir", directory),
+                    ],
                     stdout=subprocess.DEVNULL,
                 ),
                 log_dir / "redis.log",
