@@ -252,6 +252,8 @@ class QuoteResult:
     request_id: str
     currency: str
     """The currency every money field of the answer is in."""
+    alternates: tuple[str, ...] = ()
+    """A cart line's approved alternates: ``quotes`` and ``failures`` cover them too."""
 
     @property
     def best(self) -> RankedQuote | None:
@@ -505,6 +507,8 @@ class CartResult:
     elapsed_ms: float
     request_id: str
     currency: str
+    asked: tuple[CartLine, ...] = ()
+    """The cart's lines as asked (their alternates and refs), beside ``lines``; may be empty."""
 
 
 @attrs.frozen(kw_only=True)
