@@ -319,7 +319,10 @@ def _unit_price(pick: Mapping[str, Any], bought: int, places: int) -> str:
 
 def _why_unquoted(line: Mapping[str, Any]) -> str:
     failures = line.get("failures", [])
-    named = "; ".join(f"{failure['supplier']} {failure['code']}" for failure in failures)
+    named = "; ".join(
+        " ".join(filter(None, (failure["supplier"], failure.get("sku"), failure["code"])))
+        for failure in failures
+    )
     return f"no quote ({named})" if named else "no quote (too little stock everywhere)"
 
 
