@@ -439,6 +439,8 @@ async def test_a_line_out_of_stock_everywhere_is_bought_as_its_stocked_alternate
         "cedar": "http_404",
     }
     assert answer["explain"]["lines"]["CAP-1"]["boreal"] == "insufficient_stock"
+    drawn = await (await client.post("/api/carts?explain=svg", json=body)).text()
+    assert "CAP-1 as CAP-1B × 2: boreal, 2200 ¢" in drawn
 
 
 async def test_a_cart_spends_one_unit_of_its_callers_rate_per_sku_alternates_too(
