@@ -19,6 +19,13 @@ over two runs::
 
     200 lines x  8 suppliers: median 2.6-2.8 ms, p95 3.3 ms, max 3.4 ms; 50/50 proven
     200 lines x 32 suppliers: median 5.7-7.5 ms, p95 9.8-14.6 ms, max 15-17 ms; 50/50 proven
+
+and with ``ALTERNATES`` (issue 49, on a later and faster day: the carts
+without alternates 1.7 and 4.4-4.9 ms that day, 0.97-0.98 x the build
+before alternates, each solved in turn with it)::
+
+    200 lines x  8 suppliers, 2 alternates: median 3.4-3.6 ms, p95 3.8 ms, max 5.7 ms; 50/50
+    200 lines x 32 suppliers, 2 alternates: median 10.3-10.5 ms, p95 14.3 ms, max 28 ms; 50/50
     hard 200 x  8, limit 50 ms: median 49.5-50.5 ms; 0/10 proven
     hard 200 x 32, limit 50 ms: median 49.6-49.8 ms; 0/10 proven
 

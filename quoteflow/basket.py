@@ -70,8 +70,8 @@ Among baskets of equal ``total_cents`` the one chosen has, in this order:
    positions, sorted, compared lexicographically ({1st, 4th} beats {2nd, 3rd});
 4. each line at the offer with the least ``line_cents`` among the chosen
    suppliers whose shipping fits under what that supplier is charged, its
-   own SKU first, then the earlier supplier in the catalogue, then the
-   earlier alternate.
+   own SKU first, then its alternates in their order, then the earlier
+   supplier in the catalogue.
 
 Rules 1 to 3 are part of the objective: each supplier's charge and each
 offer of an alternate carry a penalty far below one cent (``_Cart``), so the
@@ -261,10 +261,9 @@ def solve(
         totals = [p[0] + p[2] for p in row]
         best = min(totals)
         if line.alternates:
-            row = _useful(row, best, line.alternates)
-            # Taken from what is kept: a best quote set aside has a kept twin as good.
-            alone.append(min(row, key=_total))
-            alternated += any(p[3].sku is not None for p in row)
+            row, own_best, alternate = _useful(row, best, line.alternates)
+            alone.append(own_best)
+            alternated += alternate
         else:
             alone.append(row[totals.index(best)])
             # An offer dearer in goods alone than the line's best quote with its own
@@ -307,30 +306,38 @@ _Priced = tuple[int, int, int, Offer]
 """An offer for a line: its goods (``Offer.goods``), catalogue position, shipping, itself."""
 
 
-def _total(priced: _Priced) -> int:
-    return priced[0] + priced[2]
-
-
-def _useful(row: list[_Priced], best: int, alternates: tuple[str, ...]) -> list[_Priced]:
-    """The offers of a line with alternates that some optimal basket may take, in search order.
+def _useful(
+    row: list[_Priced], best: int, alternates: tuple[str, ...]
+) -> tuple[list[_Priced], _Priced, bool]:
+    """The offers of a line with alternates that some optimal basket may take, in search order;
+    the first of them with the least total (the line's own best quote); whether any sells an
+    alternate.
 
     As for any line, none dearer in goods than ``best``. The order is the
     one the search prefers: cheapest goods, then the line's own SKU (tie rule
-    2), the earlier supplier, the lower shipping, the earlier alternate. Of
-    one supplier's offers only a staircase is kept: each one ships for less
-    than every offer before it there, as any later one that does not is
-    never taken (an earlier one fits wherever it fits, and is preferred).
+    2), then its alternates in their order, the earlier supplier, the lower
+    shipping. Of one supplier's offers only a staircase is kept: each one
+    ships for less than every offer before it there, as any later one that
+    does not is never taken (an earlier one fits wherever it fits, and is
+    preferred). A best quote set aside so has a kept twin as good.
     """
     rank: dict[str | None, int] = {sku: at for at, sku in enumerate(alternates, 1)}
+    rank[None] = 0
     kept = [p for p in row if p[0] <= best]
-    kept.sort(key=lambda p: (p[0], p[3].sku is not None, p[1], p[2], rank.get(p[3].sku, 0)))
+    kept.sort(key=lambda p: (p[0], rank[p[3].sku], p[1], p[2]))
     lowest: dict[int, int] = {}
     useful = []
+    alone = kept[0]
+    least = alone[0] + alone[2]
+    alternate = False
     for p in kept:
         if p[2] < lowest.get(p[1], p[2] + 1):
             lowest[p[1]] = p[2]
             useful.append(p)
-    return useful
+            if p[0] + p[2] < least:
+                alone, least = p, p[0] + p[2]
+            alternate = alternate or p[3].sku is not None
+    return useful, alone, alternate
 
 
 def _basket(
@@ -491,14 +498,18 @@ class _Cart:
                 if self.tops is None:
                     self.tops = [None] * len(rows)
                 self.tops[i] = tops
-        self.reach: list[list[tuple[int, int, Sequence[int]]]] = [
-            [
-                (goods, f, range(f, end[j] if top is None else top[k]))
-                for k, (goods, j, f) in enumerate(row)
-            ]
-            for row, top in zip(self.offers, self.tops or [None] * len(rows), strict=True)
-        ]
+        self.reach: list[list[tuple[int, int, Sequence[int]]]]
         """Each line's offers as the bound reads them: (scaled goods, facility, those it serves)."""
+        if self.tops is None:
+            self.reach = [[(goods, f, range(f, end[j])) for goods, j, f in r] for r in self.offers]
+        else:
+            self.reach = [
+                [
+                    (goods, f, range(f, end[j] if top is None else top[k]))
+                    for k, (goods, j, f) in enumerate(row)
+                ]
+                for row, top in zip(self.offers, self.tops, strict=True)
+            ]
         self.sources = [[p[3] for p in row] for row in rows]
         self.alone = [-1] * n
         """The plan of each line at its own best quote: the first basket, before any search."""

@@ -451,7 +451,9 @@ class CartRequest:
         return tuple(asked for line in self.lines for asked in line.asked())
 
 
-@attrs.frozen(kw_only=True)
+# Built for every line of every basket: a plain slotted class, treated as immutable,
+# as RankedQuote is (a frozen one cost a basket of 200 lines 0.1 ms more).
+@attrs.define(kw_only=True)
 class Pick:
     """A line of the basket: which supplier it is bought from, at what price."""
 
