@@ -4,7 +4,8 @@ In (``decode_csv_cart``): RFC 4180, UTF-8 (a byte-order mark tolerated). The
 header is the first row, within the first ``HEADER_ROWS``, that names both a
 SKU column and a quantity column — KiCad's legacy exporter writes ``Source:``
 and ``Date:`` lines above it — and its delimiter (comma, semicolon or tab) is
-the file's. Names match ignoring case, spaces, ``_``, ``.`` and ``#``. A row
+the file's. Names match ignoring case, spaces, ``_``, ``.`` and ``#``; an
+``alternates`` column lists a line's approved alternates between bars. A row
 with an empty SKU (mounting holes, fiducials) or a quantity of ``0`` or
 ``DNP`` is skipped and listed; every other problem is a 422 naming its line
 and its physical row, all at once, as a JSON cart's are.

@@ -260,12 +260,14 @@ _LINE_KEYS = ("sku", "quantity", "alternates", "ref")
 
 
 def decode_cart(body: bytes, max_lines: int) -> CartRequest:
-    """Parse an inbound cart: ``{"lines": [{"sku", "quantity"}, ...], "scenario"?}``.
+    """Parse an inbound cart: ``{"lines": [{"sku", "quantity", "alternates"?, "ref"?}, ...],
+    "scenario"?, "currency"?}``.
 
     Every problem is reported at once, each at its place (``["lines", 3,
     "quantity"]``), so a caller fixing a 200-line bill of materials needs one
-    round trip. A SKU asked twice is an error on the later line naming the
-    earlier one: merging them silently would hide a mistake in the bill.
+    round trip. A SKU asked twice, as a line's or an alternate, is an error at
+    the later place naming the earlier one: merging them silently would hide
+    a mistake in the bill, and one offer must never serve two lines.
     Raises ``BadRequestBody`` when it is not JSON, ``InvalidRequest`` otherwise.
     """
     obj = _json_object(body)

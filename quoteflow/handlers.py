@@ -172,9 +172,9 @@ def _answerable(service: QuoteService, currency: str | None) -> None:
 def cart_body_cap(max_lines: int) -> int:
     """Bytes a cart's body may have: 1 KiB + 1 KiB per allowed line.
 
-    Room for the largest cart of plain SKUs, four alternates and a ref of
-    500 characters a line (about 900 bytes a line); a cart of long SKUs in
-    escaped non-ASCII text may not fit, and is told so with a 413.
+    Room for a cart of plain SKUs with four alternates and a ref of 500
+    characters on every line (about 900 bytes a line); a cart of long SKUs
+    or refs in escaped non-ASCII text may not fit, and is told so with a 413.
     """
     return 1024 + 1024 * max_lines
 

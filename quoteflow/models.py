@@ -394,8 +394,9 @@ class QuoteReport:
 
 MAX_ALTERNATES = 4
 """Most approved alternates one cart line may carry."""
-MAX_REF_LENGTH = 500
-"""Longest ``ref``: a grouped BOM row names every designator it places (``R1, R2, ...``)."""
+MAX_REF_LENGTH = 1000
+"""Longest ``ref``: a grouped BOM row names every designator it places (``R1, R2, ...``),
+a hundred and more of them on a large board."""
 
 
 def _alternates(
@@ -433,7 +434,8 @@ class CartLine:
 
 @attrs.frozen(kw_only=True)
 class CartRequest:
-    """A bill of materials: its lines (each SKU once) and the lab scenario to forward."""
+    """A bill of materials: its lines (each SKU once, alternates included) and the lab
+    scenario to forward."""
 
     lines: tuple[CartLine, ...]
     scenario: str = attrs.field(default="normal", validator=v.in_(SCENARIOS))
