@@ -374,7 +374,7 @@ def carts_with_alternates(draw: st.DrawFn) -> tuple[list[Line], tuple[str, ...]]
     return lines, suppliers
 
 
-@settings(max_examples=300, deadline=None, database=None)
+@settings(max_examples=200, deadline=None, database=None)
 @given(carts_with_alternates())
 def test_alternates_match_brute_force(cart: tuple[list[Line], tuple[str, ...]]) -> None:
     """Each line at any of its SKUs: the least total, then fewest suppliers, fewest alternates,
