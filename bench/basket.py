@@ -19,6 +19,13 @@ over two runs::
 
     200 lines x  8 suppliers: median 2.6-2.8 ms, p95 3.3 ms, max 3.4 ms; 50/50 proven
     200 lines x 32 suppliers: median 5.7-7.5 ms, p95 9.8-14.6 ms, max 15-17 ms; 50/50 proven
+
+and with ``ALTERNATES`` (issue 49, on a later and faster day: the carts
+without alternates 1.7 and 4.4-4.9 ms that day, 0.97-0.98 x the build
+before alternates, each solved in turn with it)::
+
+    200 lines x  8 suppliers, 2 alternates: median 3.4-3.6 ms, p95 3.8 ms, max 5.7 ms; 50/50
+    200 lines x 32 suppliers, 2 alternates: median 10.3-10.5 ms, p95 14.3 ms, max 28 ms; 50/50
     hard 200 x  8, limit 50 ms: median 49.5-50.5 ms; 0/10 proven
     hard 200 x 32, limit 50 ms: median 49.6-49.8 ms; 0/10 proven
 
@@ -42,6 +49,8 @@ SIZES = ((200, 8), (200, 32))
 """(lines, suppliers) of each measured size."""
 REPEAT = 3
 """Runs of each cart; the least CPU time counts."""
+ALTERNATES = 2
+"""Approved alternates of every line in the carts measured with alternates."""
 HARD_LIMIT = 0.05
 """Seconds ``solve`` may take on a hard cart."""
 
@@ -51,9 +60,18 @@ def supplier_names(count: int) -> tuple[str, ...]:
     return tuple(f"supplier-{j:02d}" for j in range(count))
 
 
-def realistic_cart(seed: int, lines: int, suppliers: int) -> tuple[list[Line], tuple[str, ...]]:
-    """A cart of ``lines`` lines quoted by up to ``suppliers`` suppliers, and their catalogue."""
+def realistic_cart(
+    seed: int, lines: int, suppliers: int, alternates: int = 0
+) -> tuple[list[Line], tuple[str, ...]]:
+    """A cart of ``lines`` lines quoted by up to ``suppliers`` suppliers, and their catalogue.
+
+    With ``alternates``, every line has that many approved alternates, drawn
+    apart so that the line's own offers are those of the cart without: each
+    costs 0.7-1.4 x the line's base, in the line's weight tier four times in
+    five (the same part in another make), and is quoted as often as any SKU.
+    """
     rng = random.Random(seed)
+    other = random.Random(f"{seed}-alternates")
     names = supplier_names(suppliers)
     shipping = [rng.randrange(500, 1501, 10) for _ in names]
     surcharge = [(0, rng.randrange(200, 801, 50), rng.randrange(800, 2001, 50)) for _ in names]
@@ -77,7 +95,21 @@ def realistic_cart(seed: int, lines: int, suppliers: int) -> tuple[list[Line], t
         if not offers:
             j = rng.randrange(suppliers)
             offers = [Offer(names[j], round(base), shipping[j] + surcharge[j][tier])]
-        cart.append(Line(f"SKU-{n:04d}", quantity, offers))
+        skus = tuple(f"SKU-{n:04d}-{k}" for k in range(1, alternates + 1))
+        for sku in skus:
+            price = base * other.uniform(0.7, 1.4)
+            weight = tier if other.random() < 0.8 else other.choice((0, 1, 2))
+            offers += [
+                Offer(
+                    name,
+                    max(1, round(price * (1 + bias[j] + other.uniform(-0.2, 0.2)))),
+                    shipping[j] + surcharge[j][weight],
+                    sku=sku,
+                )
+                for j, name in enumerate(names)
+                if other.random() < coverage[j]
+            ]
+        cart.append(Line(f"SKU-{n:04d}", quantity, offers, skus))
     return cart, names
 
 
@@ -147,10 +179,12 @@ def figures() -> dict[str, dict[str, float | int]]:
 def main() -> None:
     """Print the CPU time of ``solve`` over seeded carts of each size."""
     cpu_ms(*realistic_cart(-1, 50, 8), None)  # warm the imports and caches
-    for lines, suppliers in SIZES:
-        carts = [realistic_cart(seed, lines, suppliers) for seed in range(CARTS)]
-        runs = [cpu_ms(cart, names, None) for cart, names in carts]
-        print(report(f"{lines} lines x {suppliers:2d} suppliers", runs))
+    for alternates in (0, ALTERNATES):
+        for lines, suppliers in SIZES:
+            carts = [realistic_cart(seed, lines, suppliers, alternates) for seed in range(CARTS)]
+            runs = [cpu_ms(cart, names, None) for cart, names in carts]
+            label = f"{lines} lines x {suppliers:2d} suppliers"
+            print(report(label + (f", {alternates} alternates" if alternates else ""), runs))
     for lines, suppliers in SIZES:
         carts = [hard_cart(seed, lines, suppliers) for seed in range(CARTS // 5)]
         runs = [cpu_ms(cart, names, HARD_LIMIT) for cart, names in carts]

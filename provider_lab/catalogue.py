@@ -8,7 +8,7 @@ The lab serves atlas, boreal and cedar unless told other names (``--names``,
 or the names of a QuoteFlow catalogue file, ``--suppliers``). A supplier
 outside the table below offers every SKU of the table at a price and stock
 derived from its name and the SKU (``derived_offer``), so a test can predict
-them; ``CB-404`` stays out of stock for everyone.
+them; ``CB-404`` and ``CAP-100N`` stay out of stock for everyone.
 
 The foreign dialects (:mod:`provider_lab.dialects`) price by quantity from the
 same offers: ``price_breaks`` derives 10+ and 100+ prices from the unit price.
@@ -94,6 +94,17 @@ CATALOGUE: Final[Mapping[str, Mapping[str, Offer]]] = {
         "atlas": Offer(unit_cents=300, shipping_cents=100, stock=0),
         "boreal": Offer(unit_cents=280, shipping_cents=120, stock=0),
         "cedar": Offer(unit_cents=250, shipping_cents=150, stock=0),
+    },
+    # A 100 nF capacitor out of stock everywhere, and its approved alternate (another
+    # make of the same part), which only boreal sells: a cart line listing the
+    # alternate is bought as it; a line without is unquoted.
+    "CAP-100N": {
+        "atlas": Offer(unit_cents=12, shipping_cents=300, stock=0),
+        "boreal": Offer(unit_cents=11, shipping_cents=250, stock=0),
+        "cedar": Offer(unit_cents=10, shipping_cents=200, stock=0),
+    },
+    "CAP-100N-B": {
+        "boreal": Offer(unit_cents=14, shipping_cents=250, stock=10_000),
     },
 }
 
@@ -197,14 +208,18 @@ def lookup(supplier: str, sku: str) -> Offer | None:
     return derived_offer(supplier, sku)
 
 
+OUT_OF_STOCK: Final = frozenset({"CB-404", "CAP-100N"})
+"""SKUs no supplier has in stock, whatever its name."""
+
+
 def derived_offer(supplier: str, sku: str) -> Offer:
     """The offer of a supplier outside the table: a function of its name and the SKU.
 
     ``h = crc32("{supplier}:{sku}")``; unit ``500 + h % 2000`` cents, shipping
-    ``(h >> 11) % 500`` cents, stock ``1 + (h >> 20) % 99`` (0 for ``CB-404``).
+    ``(h >> 11) % 500`` cents, stock ``1 + (h >> 20) % 99`` (0 for ``OUT_OF_STOCK``).
     """
     h = zlib.crc32(f"{supplier}:{sku}".encode())
-    stock = 0 if sku == "CB-404" else 1 + (h >> 20) % 99
+    stock = 0 if sku in OUT_OF_STOCK else 1 + (h >> 20) % 99
     return Offer(unit_cents=500 + h % 2000, shipping_cents=(h >> 11) % 500, stock=stock)
 
 

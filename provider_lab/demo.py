@@ -23,7 +23,8 @@ suppliers in its batch dialect (``--batch``; ``make run`` starts it, 20 lines
 a call), the same cart in a few calls, a malformed entry in one of atlas's
 calls (that line alone fails), a batch call of boreal's that 503s once (retried
 with the cart's request id), a basket that beats each line's best by paying
-each supplier's shipping once, and a bill of materials as a file: a KiCad-style
+each supplier's shipping once, a line out of stock everywhere bought as its
+approved alternate, and a bill of materials as a file: a KiCad-style
 CSV export posted as ``text/csv`` (its refs kept, its DNP and fiducial rows
 skipped, its other columns listed), then the same file asked with
 ``?format=csv``, read with the ``csv`` module and its amounts summed to the
@@ -2238,6 +2239,92 @@ async def csv_round_trip(
     return [first, second]
 
 
+# -- approved alternates: a line bought as another make of the same part (issue 49) --------
+
+OUT_OF_STOCK_SKU: Final = "CAP-100N"
+ALTERNATE_SKU: Final = "CAP-100N-B"
+ALTERNATE_LINES: Final = (
+    ("R1,R2", "BOM-001", 2, ()),
+    ("C1-C10", OUT_OF_STOCK_SKU, 10, (ALTERNATE_SKU,)),
+)
+"""(ref, SKU, quantity, alternates) of the cart: CAP-100N is out of stock at every supplier,
+its alternate in stock at boreal alone (the lab's catalogue)."""
+ALTERNATE_PICKED: Final = Case(
+    "basket: an alternate picked",
+    "C1-C10's CAP-100N is out of stock everywhere; its approved alternate CAP-100N-B, asked "
+    "of every supplier in the same batch calls, is in stock at boreal: the line is bought as "
+    "CAP-100N-B (bought_sku), the basket complete",
+    best=None,
+    failures={"atlas": "not_found", "cedar": "not_found"},
+    attempts=dict.fromkeys(SUPPLIERS, 1),
+)
+
+
+async def alternate_picked(
+    session: aiohttp.ClientSession, lab: LabControl, batch_url: str
+) -> Outcome:
+    """A line whose own SKU nobody has in stock, bought as its alternate."""
+    await lab.fresh()
+    request_id = f"cart-alternate-{secrets.token_hex(3)}"
+    body = {
+        "lines": [
+            {
+                "sku": sku,
+                "quantity": quantity,
+                "ref": ref,
+                **({"alternates": list(alt)} if alt else {}),
+            }
+            for ref, sku, quantity, alt in ALTERNATE_LINES
+        ]
+    }
+    async with session.post(
+        f"{batch_url}/api/carts?explain=1", json=body, headers={"X-Request-ID": request_id}
+    ) as response:
+        result: dict[str, Any] = await response.json()
+        if response.status != 200:
+            raise LabError(f"QuoteFlow answered {response.status}: {result}")
+    await lab.wait_idle()
+    attempts = await lab.attempts(request_id)
+    sizes = await lab.batch_sizes_of(request_id)
+    problems = []
+    if sizes != {name: [3] for name in SUPPLIERS}:
+        problems.append(f"parts of each supplier's calls {sizes}, expected one call of 3 each")
+    line = result["lines"][1]
+    quoted = [(quote["sku"], quote["supplier"]) for quote in line["quotes"]]
+    if quoted != [(ALTERNATE_SKU, "boreal")]:
+        problems.append(
+            f"{OUT_OF_STOCK_SKU}'s line quoted {quoted}, expected only boreal's {ALTERNATE_SKU}"
+        )
+    named = {(f["supplier"], f.get("sku")) for f in line["failures"]}
+    if named != {("atlas", ALTERNATE_SKU), ("cedar", ALTERNATE_SKU)}:
+        problems.append(
+            f"failures name {sorted(named)}, expected atlas's and cedar's {ALTERNATE_SKU}"
+        )
+    pick = next((p for p in result["basket"]["picks"] if p["sku"] == OUT_OF_STOCK_SKU), None)
+    offer = lookup("boreal", ALTERNATE_SKU)
+    assert offer is not None
+    # The batch dialect prices each part at its quantity's break.
+    expected = (ALTERNATE_SKU, "boreal", break_price(offer, 10) * 10)
+    got = None if pick is None else (pick.get("bought_sku"), pick["supplier"], pick["line_cents"])
+    if got != expected:
+        problems.append(
+            f"the line's pick (bought_sku, supplier, line_cents) {got}, expected {expected}"
+        )
+    notes = [
+        f"{OUT_OF_STOCK_SKU} x 10 (C1-C10): in stock nowhere; {ALTERNATE_SKU}: "
+        + ", ".join(f"{f['supplier']} {f['code']}" for f in line["failures"])
+        + f", boreal {break_price(offer, 10)} cents a unit at 10; each supplier asked all 3 SKUs "
+        "in one call",
+        "picks: "
+        + "; ".join(
+            f"{p['sku']} bought as {p['bought_sku']} from {p['supplier']} ({p['line_cents']})"
+            for p in result["basket"]["picks"]
+        )
+        + f"; basket {result['basket']['total_cents']} cents",
+    ]
+    return _cart_row(ALTERNATE_PICKED, result, attempts, problems, notes)
+
+
 async def cart_outcomes(
     session: aiohttp.ClientSession, lab: LabControl, service_url: str, batch_url: str | None
 ) -> AsyncIterator[Outcome]:
@@ -2247,7 +2334,7 @@ async def cart_outcomes(
     if batch_url is None:
         return
     yield await batch_cart(session, lab, batch_url, classic)
-    for run in (bad_entry, call_503, cheaper_basket):
+    for run in (bad_entry, call_503, cheaper_basket, alternate_picked):
         yield await run(session, lab, batch_url)
     for outcome in await csv_round_trip(session, lab, batch_url):
         yield outcome

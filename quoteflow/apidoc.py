@@ -3,7 +3,8 @@
 The package keeps the document for the default catalogue (atlas, boreal,
 cedar) and the default ``--max-cart-lines`` (200), served byte for byte; for
 any other catalogue the names it lists (the ``Supplier`` enum, the longest
-``quotes`` and ``failures`` of a quote and of a cart's line, a basket's
+``quotes`` and ``failures`` of a quote and of a cart's line (with its
+alternates' too), a basket's
 ``shipping``, the descriptions that name them) are the catalogue's, and for
 another line limit the longest cart and the lists as long as it are that
 limit's.
@@ -16,6 +17,8 @@ import json
 from importlib import resources
 from typing import Any
 
+from quoteflow.models import MAX_ALTERNATES
+
 _PER_SUPPLIER = (
     ("QuoteResult", "quotes"),
     ("QuoteResult", "failures"),
@@ -23,7 +26,9 @@ _PER_SUPPLIER = (
     ("CartLineResult", "failures"),
     ("Basket", "shipping"),
 )
-"""(schema, property): arrays of at most one item per supplier."""
+"""(schema, property): arrays of at most one item per supplier (and SKU, on a cart's line)."""
+_PER_SKU = frozenset({("CartLineResult", "quotes"), ("CartLineResult", "failures")})
+"""(schema, property): a cart line's, one item per supplier for each of its SKUs."""
 _PER_LINE = (
     ("CartRequest", "lines"),
     ("CartResult", "lines"),
@@ -72,5 +77,6 @@ def _name_suppliers(
     schemas["Supplier"]["enum"] = list(suppliers)
     for schema, prop in _PER_SUPPLIER:
         array = schemas[schema]["properties"][prop]
-        array["maxItems"] = len(suppliers)
+        skus = 1 + MAX_ALTERNATES if (schema, prop) in _PER_SKU else 1
+        array["maxItems"] = skus * len(suppliers)
         array["description"] = array["description"].replace(named, order)

@@ -65,19 +65,30 @@ Ties, settled inside the search
 Among baskets of equal ``total_cents`` the one chosen has, in this order:
 
 1. the fewest suppliers;
-2. the earliest suppliers in catalogue order: the two sets' catalogue
+2. the most lines bought as their own SKU, not an alternate;
+3. the earliest suppliers in catalogue order: the two sets' catalogue
    positions, sorted, compared lexicographically ({1st, 4th} beats {2nd, 3rd});
-3. each line at the offer with the least ``line_cents`` among the chosen
-   suppliers whose shipping fits under what that supplier is charged, the
-   earlier supplier in the catalogue when two are equal.
+4. each line at the offer with the least ``line_cents`` among the chosen
+   suppliers whose shipping fits under what that supplier is charged, its
+   own SKU first, then its alternates in their order, then the earlier
+   supplier in the catalogue.
 
-Rules 1 and 2 are part of the objective: each supplier's charge carries a
-penalty far below one cent (``2**n - 2**(n-1-position)`` in units of
-``1 / (n * 2**n)`` cent), so the search minimises one integer and every bound
-and prune stays exact. Rule 3 follows the shipping each supplier is charged;
+Rules 1 to 3 are part of the objective: each supplier's charge and each
+offer of an alternate carry a penalty far below one cent (``_Cart``), so the
+search minimises one integer and every bound and prune stays exact. Rule 4
+follows the shipping each supplier is charged;
 when two plans of charges tie to the cent with the same suppliers (a rare
 coincidence), the one returned is the one the search meets first: the same
 input always gives the same basket.
+
+Alternates
+----------
+A line with approved alternates is bought as any one of its SKUs, so a
+supplier may offer it two ways. Of those only a staircase matters (each
+offer shipping for less than the cheaper ones before it: ``_useful``), and
+each of its offers serves its own step of the supplier's levels, so the
+bound stays the dual of the same facility location problem. A cart with no
+alternate searches exactly as before.
 
 ``per_line_total_cents`` is what buying each line at its own best quote would
 cost: the quote ``service._rank`` puts first (least ``unit * quantity +
@@ -115,9 +126,9 @@ def _offers(value: Iterable[Offer]) -> tuple[Offer, ...]:
 def _one_per_supplier(
     instance: object, attribute: attrs.Attribute[tuple[Offer, ...]], value: tuple[Offer, ...]
 ) -> None:
-    names = [offer.supplier for offer in value]
+    names = [(offer.supplier, offer.sku) for offer in value]
     if len(set(names)) != len(names):
-        raise ValueError(f"{attribute.name} must hold one offer per supplier, got {names}")
+        raise ValueError(f"{attribute.name} must hold one offer per supplier and SKU, got {names}")
 
 
 def _maybe_cents(
@@ -141,6 +152,8 @@ class Offer:
     line_cents: int | None = attrs.field(default=None, validator=_maybe_cents)
     buy_quantity: int | None = None
     """Units bought, when that is not the line's quantity."""
+    sku: str | None = None
+    """The alternate this offer sells; None: the line's own SKU."""
 
     def __attrs_post_init__(self) -> None:
         if self.unit_cents is None and self.line_cents is None:
@@ -154,29 +167,55 @@ class Offer:
         return self.unit_cents * quantity
 
     @classmethod
-    def of_quote(cls, quote: RankedQuote) -> Offer:
-        """The offer a ranked single quote makes."""
+    def of_quote(cls, quote: RankedQuote, alternate: bool = False) -> Offer:
+        """The offer a ranked single quote makes; ``alternate``: it sells one of the line's."""
         return cls(
             quote.supplier,
             quote.unit_cents,
             quote.shipping_cents,
             quote.line_cents,
             quote.buy_quantity,
+            quote.sku if alternate else None,
         )
+
+
+def _alternates_offered(
+    instance: Line, attribute: attrs.Attribute[tuple[Offer, ...]], value: tuple[Offer, ...]
+) -> None:
+    for offer in value:
+        if offer.sku is not None and offer.sku not in instance.alternates:
+            raise ValueError(f"an offer of {offer.sku!r}, not one of the line's alternates")
 
 
 @attrs.frozen
 class Line:
-    """A line of the cart and its usable offers (none: no supplier quoted it)."""
+    """A line of the cart and its usable offers (none: no supplier quoted it).
+
+    A line with ``alternates`` may hold an offer of each of its SKUs from each
+    supplier; the basket buys it as any one of them.
+    """
 
     sku: str
     quantity: int = attrs.field(validator=_quantity)
-    offers: tuple[Offer, ...] = attrs.field(converter=_offers, validator=_one_per_supplier)
+    offers: tuple[Offer, ...] = attrs.field(
+        converter=_offers, validator=[_one_per_supplier, _alternates_offered]
+    )
+    alternates: tuple[str, ...] = ()
+    """The line's approved alternates, in the buyer's order (the last tie rule)."""
 
     @classmethod
-    def of_quotes(cls, sku: str, quantity: int, quotes: Iterable[RankedQuote]) -> Line:
-        """The line a single quote's ranked quotes make."""
-        return cls(sku, quantity, [Offer.of_quote(quote) for quote in quotes])
+    def of_quotes(
+        cls,
+        sku: str,
+        quantity: int,
+        quotes: Iterable[RankedQuote],
+        alternates: tuple[str, ...] = (),
+    ) -> Line:
+        """The line a single quote's (or a line's, over all its SKUs) ranked quotes make."""
+        if not alternates:
+            return cls(sku, quantity, [Offer.of_quote(quote) for quote in quotes])
+        offers = [Offer.of_quote(quote, quote.sku != sku) for quote in quotes]
+        return cls(sku, quantity, offers, alternates)
 
 
 # -- the answer: ``models.Basket`` of ``models.Pick`` and ``models.Shipping`` ------
@@ -207,7 +246,7 @@ def solve(
     unquoted: list[str] = []
     alone: list[_Priced] = []
     """Each quoted line's own best quote (with its own shipping)."""
-    per_line_total = floor = extra = 0
+    per_line_total = floor = extra = alternated = 0
     for line in lines:
         if not line.offers:
             unquoted.append(line.sku)
@@ -221,14 +260,19 @@ def solve(
             raise ValueError(f"offer from {exc.args[0]!r}, not in the supplier order") from None
         totals = [p[0] + p[2] for p in row]
         best = min(totals)
-        alone.append(row[totals.index(best)])
-        # An offer dearer in goods alone than the line's best quote with its own
-        # shipping is in no optimal basket: moving the line to that quote costs
-        # at most the quote. Dropped here, before anything else looks at offers.
-        row = [p for p in row if p[0] <= best]
-        # Cheapest first, the earlier supplier first on equal goods (tie rule 3);
-        # a line has one offer per supplier, so the offers are never compared.
-        row.sort()
+        if line.alternates:
+            row, own_best, alternate = _useful(row, best, line.alternates)
+            alone.append(own_best)
+            alternated += alternate
+        else:
+            alone.append(row[totals.index(best)])
+            # An offer dearer in goods alone than the line's best quote with its own
+            # shipping is in no optimal basket: moving the line to that quote costs
+            # at most the quote. Dropped here, before anything else looks at offers.
+            row = [p for p in row if p[0] <= best]
+            # Cheapest first, the earlier supplier first on equal goods (tie rule 4);
+            # a line has one offer per supplier, so the offers are never compared.
+            row.sort()
         rows.append(row)
         quoted.append(line)
         per_line_total += best
@@ -236,7 +280,9 @@ def solve(
         extra = max(extra, best - row[0][0])
     if not quoted:
         return _basket(quoted, [], suppliers, per_line_total, tuple(unquoted), optimal=True)
-    single = _one_supplier(rows, floor + extra)
+    # With alternates, one supplier may sell a line two ways: the shortcut's
+    # sums take one offer a line and know nothing of tie rule 2.
+    single = None if alternated else _one_supplier(rows, floor + extra)
     if single is not None:
         chosen = [next(p[3] for p in row if p[1] == single) for row in rows]
         return _basket(quoted, chosen, suppliers, per_line_total, tuple(unquoted), optimal=True)
@@ -251,13 +297,47 @@ def solve(
         if deadline - now < reading:
             chosen = _first_basket(rows, alone)
             return _basket(quoted, chosen, suppliers, per_line_total, tuple(unquoted), False)
-    cart = _Cart(rows, alone)
+    cart = _Cart(rows, alone, alternated)
     plan, optimal = _search(cart, deadline)
     return _basket(quoted, cart.picked(plan), suppliers, per_line_total, tuple(unquoted), optimal)
 
 
 _Priced = tuple[int, int, int, Offer]
 """An offer for a line: its goods (``Offer.goods``), catalogue position, shipping, itself."""
+
+
+def _useful(
+    row: list[_Priced], best: int, alternates: tuple[str, ...]
+) -> tuple[list[_Priced], _Priced, bool]:
+    """The offers of a line with alternates that some optimal basket may take, in search order;
+    the first of them with the least total (the line's own best quote); whether any sells an
+    alternate.
+
+    As for any line, none dearer in goods than ``best``. The order is the
+    one the search prefers: cheapest goods, then the line's own SKU (tie rule
+    2), then its alternates in their order, the earlier supplier, the lower
+    shipping. Of one supplier's offers only a staircase is kept: each one
+    ships for less than every offer before it there, as any later one that
+    does not is never taken (an earlier one fits wherever it fits, and is
+    preferred). A best quote set aside so has a kept twin as good.
+    """
+    rank: dict[str | None, int] = {sku: at for at, sku in enumerate(alternates, 1)}
+    rank[None] = 0
+    kept = [p for p in row if p[0] <= best]
+    kept.sort(key=lambda p: (p[0], rank[p[3].sku], p[1], p[2]))
+    lowest: dict[int, int] = {}
+    useful = []
+    alone = kept[0]
+    least = alone[0] + alone[2]
+    alternate = False
+    for p in kept:
+        if p[2] < lowest.get(p[1], p[2] + 1):
+            lowest[p[1]] = p[2]
+            useful.append(p)
+            if p[0] + p[2] < least:
+                alone, least = p, p[0] + p[2]
+            alternate = alternate or p[3].sku is not None
+    return useful, alone, alternate
 
 
 def _basket(
@@ -275,6 +355,7 @@ def _basket(
             quantity=line.quantity,
             supplier=offer.supplier,
             unit_cents=offer.unit_cents,
+            bought_sku=offer.sku or line.sku,
             line_cents=offer.goods(line.quantity),
             buy_quantity=offer.buy_quantity,
         )
@@ -359,7 +440,7 @@ class _OutOfTime(Exception):
 class _Cart:
     """A cart as the search reads it: scaled costs, facilities, each line's useful offers."""
 
-    def __init__(self, rows: list[list[_Priced]], alone: list[_Priced]) -> None:
+    def __init__(self, rows: list[list[_Priced]], alone: list[_Priced], alternated: int) -> None:
         pairs = sorted({(p[1], p[2]) for row in rows for p in row})
         # Only suppliers with a useful offer take part, in catalogue order.
         taking = sorted({at for at, _ in pairs})
@@ -367,27 +448,68 @@ class _Cart:
         for j, at in enumerate(taking):
             index[at] = j
         n = self.n = len(taking)
-        # Costs are scaled so that the tie rules fit below one cent: a supplier's
-        # penalty 2**n - 2**(n-1-j) makes fewer suppliers win first (each costs
-        # at least 2**(n-1)), then earlier ones (the bits order the sets
-        # lexicographically); all penalties together stay below scale.
-        scale = n << n
-        self.cost = [
-            shipping * scale + (1 << n) - (1 << (n - 1 - index[at])) for at, shipping in pairs
-        ]
+        # Costs are scaled so that the tie rules fit below one cent. A supplier's
+        # penalty is each - 2**(n-1-j), an offer of an alternate's is 2**n: with
+        # each = (alternated + 1) * 2**n, fewer suppliers win first (all the
+        # alternates and catalogue bits together stay below each), then fewer
+        # alternates (the bits stay below 2**n), then earlier suppliers (the
+        # bits order the sets lexicographically); all penalties together stay
+        # below scale. With no alternate this is n << n, as it always was.
+        each = (alternated + 1) << n
+        scale = n * each + (alternated << n)
+        self.cost = [shipping * scale + each - (1 << (n - 1 - index[at])) for at, shipping in pairs]
         """Each facility's charge: its shipping, scaled, and its supplier's penalty."""
         self.owner = [index[at] for at, _ in pairs]
         """Each facility's supplier."""
         self.first = [self.owner.index(j) for j in range(n)]
         """Each supplier's first (lowest) facility."""
-        self.end = [*self.first[1:], len(pairs)]
+        end = self.end = [*self.first[1:], len(pairs)]
         """One past each supplier's last (highest) facility."""
         facility = {pair: f for f, pair in enumerate(pairs)}
-        self.offers = [
-            [(goods * scale, index[at], facility[at, shipping]) for goods, at, shipping, _ in row]
-            for row in rows
-        ]
+        if alternated:
+            alternate = 1 << n
+            self.offers = [
+                [
+                    (goods * scale + (alternate if o.sku else 0), index[at], facility[at, shipping])
+                    for goods, at, shipping, o in row
+                ]
+                for row in rows
+            ]
+        else:
+            self.offers = [
+                [
+                    (goods * scale, index[at], facility[at, shipping])
+                    for goods, at, shipping, _ in row
+                ]
+                for row in rows
+            ]
         """Each line's useful offers as (scaled goods, supplier, facility), in ``rows`` order."""
+        self.tops: list[list[int] | None] | None = None
+        """For each line, one past the last facility each offer serves, where one supplier
+        sells it two ways (``_useful``'s staircase: a dearer offer serves the levels below the
+        cheaper one's); None for a line with one offer a supplier, or when every line has."""
+        for i, row in enumerate(self.offers if alternated else ()):
+            seen: dict[int, int] = {}
+            tops = []
+            for _, j, f in row:
+                tops.append(seen.get(j, end[j]))
+                seen[j] = f
+            if len(seen) < len(row):
+                if self.tops is None:
+                    self.tops = [None] * len(rows)
+                self.tops[i] = tops
+        self.reach: list[list[tuple[int, int, Sequence[int]]]]
+        """Each line's offers as the bound reads them: (scaled goods, facility, those it serves)."""
+        if self.tops is None:
+            self.reach = [[(goods, f, range(f, end[j])) for goods, j, f in r] for r in self.offers]
+        else:
+            self.reach = [
+                [
+                    (goods, f, range(f, end[j] if top is None else top[k]))
+                    for k, (goods, j, f) in enumerate(row)
+                ]
+                for row, top in zip(self.offers, self.tops, strict=True)
+            ]
         self.sources = [[p[3] for p in row] for row in rows]
         self.alone = [-1] * n
         """The plan of each line at its own best quote: the first basket, before any search."""
@@ -417,6 +539,8 @@ _Prices = tuple[int, list[int], list[int], list[int]]
 
 def _price(cart: _Cart, plan: list[int]) -> _Prices | None:
     """What ``plan`` costs; None when some line has no offer that fits it."""
+    if cart.tops is not None:
+        return _price_stairs(cart, plan)
     cost = sum(cart.cost[f] for f in plan if f >= 0)
     best: list[int] = []
     second: list[int] = []
@@ -441,6 +565,76 @@ def _price(cart: _Cart, plan: list[int]) -> _Prices | None:
     return cost, best, at, second
 
 
+def _price_stairs(cart: _Cart, plan: list[int]) -> _Prices | None:
+    """``_price`` where a supplier may sell a line two ways: a line's second best is
+    its best at another supplier, what it falls back to when its own is dropped."""
+    cost = sum(cart.cost[f] for f in plan if f >= 0)
+    best: list[int] = []
+    second: list[int] = []
+    at: list[int] = []
+    beyond = cart.beyond
+    for row in cart.offers:
+        first = a = -1
+        for goods, j, f in row:
+            if f <= plan[j]:
+                if first < 0:
+                    first, a = goods, j
+                    at.append(j)
+                elif j != a:
+                    second.append(goods)
+                    break
+        else:
+            if first < 0:
+                return None
+            second.append(beyond)
+        best.append(first)
+        cost += first
+    return cost, best, at, second
+
+
+def _tally_stairs(
+    cart: _Cart, plan: list[int], priced: _Prices, slots: int, deadline: float | None
+) -> tuple[list[int], list[int]]:
+    """``_improve``'s pass where a supplier may sell a line two ways (``_Cart.tops``).
+
+    An offer serves only its step of its supplier's levels: a line gains from
+    a supplier moved onto that step, and a line whose supplier moves below
+    its offer falls to the step it lands on or to its second best elsewhere,
+    whichever is cheaper.
+    """
+    _, best, at, second = priced
+    first, end = cart.first, cart.end
+    loss = [0] * slots
+    gain = [0] * slots
+    tops = cart.tops
+    assert tops is not None
+    for row, top, b, a, s in zip(cart.offers, tops, best, at, second, strict=True):
+        if deadline is not None and time.monotonic() >= deadline:
+            raise _OutOfTime
+        bought = False
+        for k, (goods, j, f) in enumerate(row):
+            hi = end[j] if top is None else top[k]
+            # Slot end[j] + j + 1 is the next supplier's: a step to the top needs no end mark.
+            if bought:
+                if goods >= s:
+                    break
+                if j == a:
+                    loss[f + j + 1] -= s - goods
+                    if hi < end[j]:
+                        loss[hi + j + 1] += s - goods
+            elif j == a and f <= plan[j]:
+                loss[first[j] + j] += s - b
+                loss[f + j + 1] -= s - b
+                if top is None:
+                    break
+                bought = True
+            elif goods < b:
+                gain[f + j + 1] += b - goods
+                if hi < end[j]:
+                    gain[hi + j + 1] -= b - goods
+    return loss, gain
+
+
 def _improve(
     cart: _Cart, plan: list[int], allowed: list[list[bool] | None], deadline: float | None
 ) -> tuple[list[int], _Prices | None]:
@@ -461,19 +655,22 @@ def _improve(
     slots = len(charge) + cart.n
     while True:
         _, best, at, second = priced
-        loss = [0] * slots
-        gain = [0] * slots
-        for row, b, a, s in zip(cart.offers, best, at, second, strict=True):
-            if deadline is not None and time.monotonic() >= deadline:
-                raise _OutOfTime
-            for goods, j, f in row:
-                if j == a:
-                    # Closed or below this level, the line falls back to its second best.
-                    loss[first[j] + j] += s - b
-                    loss[f + j + 1] -= s - b
-                    break
-                if goods < b:
-                    gain[f + j + 1] += b - goods
+        if cart.tops is not None:
+            loss, gain = _tally_stairs(cart, plan, priced, slots, deadline)
+        else:
+            loss = [0] * slots
+            gain = [0] * slots
+            for row, b, a, s in zip(cart.offers, best, at, second, strict=True):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise _OutOfTime
+                for goods, j, f in row:
+                    if j == a:
+                        # Closed or below this level, the line falls back to its second best.
+                        loss[first[j] + j] += s - b
+                        loss[f + j + 1] -= s - b
+                        break
+                    if goods < b:
+                        gain[f + j + 1] += b - goods
         move_by = 0
         move = (-1, -1)
         for j, may in enumerate(allowed):
@@ -514,7 +711,7 @@ class _Dual:
     def __init__(self, cart: _Cart, state: list[int], deadline: float | None) -> None:
         self._cart = cart
         self._deadline = deadline
-        charge, end, owner = cart.cost, cart.end, cart.owner
+        charge, owner = cart.cost, cart.owner
         self._slack = [c if s == _FREE else 0 for c, s in zip(charge, state, strict=True)]
         self._fixed = sum(c for c, s in zip(charge, state, strict=True) if s == _OPEN)
         narrowed = [False] * cart.n
@@ -533,18 +730,21 @@ class _Dual:
         """Each line's next offer above its price."""
         self.feasible = True
         """False when the node leaves some line no offer."""
-        for row in cart.offers:
+        narrowing = any(narrowed)
+        for reachable in cart.reach:
             # Checked for each line, as in ``_rise``: with many levels this is long.
             if deadline is not None and time.monotonic() >= deadline:
                 raise _OutOfTime
-            reach: list[tuple[int, int, Sequence[int]]] = []
-            for goods, j, f in row:
-                serving: Sequence[int] = range(f, end[j])
-                if narrowed[j]:
-                    serving = [g for g in serving if state[g] != _CLOSED]
-                    if not serving:
-                        continue
-                reach.append((goods, f, serving))
+            reach: list[tuple[int, int, Sequence[int]]] = reachable
+            if narrowing:
+                reach = []
+                for goods, f, serving in reachable:
+                    if narrowed[owner[f]]:
+                        open_ = [g for g in serving if state[g] != _CLOSED]
+                        if not open_:
+                            continue
+                        serving = open_
+                    reach.append((goods, f, serving))
             if not reach:
                 self.feasible = False
                 break

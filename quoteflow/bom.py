@@ -4,7 +4,8 @@ In (``decode_csv_cart``): RFC 4180, UTF-8 (a byte-order mark tolerated). The
 header is the first row, within the first ``HEADER_ROWS``, that names both a
 SKU column and a quantity column — KiCad's legacy exporter writes ``Source:``
 and ``Date:`` lines above it — and its delimiter (comma, semicolon or tab) is
-the file's. Names match ignoring case, spaces, ``_``, ``.`` and ``#``. A row
+the file's. Names match ignoring case, spaces, ``_``, ``.`` and ``#``; an
+``alternates`` column lists a line's approved alternates between bars. A row
 with an empty SKU (mounting holes, fiducials) or a quantity of ``0`` or
 ``DNP`` is skipped and listed; every other problem is a 422 naming its line
 and its physical row, all at once, as a JSON cart's are.
@@ -25,8 +26,15 @@ from typing import Any, Final
 
 import attrs
 
+from quoteflow.codec import line_alternates, repeated_skus
 from quoteflow.errors import FieldError, InvalidRequest
-from quoteflow.models import MAX_LINE_QUANTITY, MAX_SKU_LENGTH, CartLine, CartRequest
+from quoteflow.models import (
+    MAX_LINE_QUANTITY,
+    MAX_REF_LENGTH,
+    MAX_SKU_LENGTH,
+    CartLine,
+    CartRequest,
+)
 from quoteflow.money import (
     MICROS_PER_MINOR,
     half_even,
@@ -43,6 +51,8 @@ SKU_NAMES: Final = ("sku", "mpn", "partnumber", "manufacturerpartnumber")
 QUANTITY_NAMES: Final = ("quantity", "qty")
 REF_NAMES: Final = ("ref", "reference", "designator")
 ALTERNATES_NAMES: Final = ("alternates",)
+ALTERNATES_SEPARATOR: Final = "|"
+"""Between the SKUs of an ``alternates`` cell: a comma or semicolon may be the file's own."""
 NOT_PLACED: Final = frozenset({"0", "dnp"})
 """Quantities that mean "not placed": the row is skipped and listed, not an error."""
 _PLAIN_INTEGER: Final = re.compile(r"[0-9]+")
@@ -89,7 +99,7 @@ def decode_csv_cart(body: bytes, max_lines: int, scenario: str = "normal") -> Cs
     reader = csv.reader(io.StringIO("".join(lines[header.at + 1 :])), delimiter=header.delimiter)
     errors: list[FieldError] = []
     skipped: list[tuple[int, str]] = []
-    found: list[tuple[int, str, str, str | None]] = []  # row, sku, quantity text, ref
+    found: list[tuple[int, str, str, str | None, str]] = []  # row, sku, quantity, ref, alternates
     while True:
         first_row = header.at + 2 + reader.line_num  # the record's first physical line
         try:
@@ -102,12 +112,6 @@ def decode_csv_cart(body: bytes, max_lines: int, scenario: str = "normal") -> Cs
             continue  # a blank row
         sku = _cell(record, header.sku)
         quantity = _cell(record, header.quantity)
-        if header.alternates is not None and _cell(record, header.alternates):
-            errors.append(
-                _row_error(
-                    len(found), "alternates", first_row, "alternates are not served yet: list one"
-                )
-            )
         if not sku:
             skipped.append((first_row, "no SKU (not a part to buy)"))
             continue
@@ -115,16 +119,19 @@ def decode_csv_cart(body: bytes, max_lines: int, scenario: str = "normal") -> Cs
             skipped.append((first_row, f"quantity {quantity}: not placed"))
             continue
         ref = _cell(record, header.ref) if header.ref is not None else ""
-        found.append((first_row, sku, quantity, ref or None))
+        found.append((first_row, sku, quantity, ref or None, _cell(record, header.alternates)))
     if not found and not errors:
         raise InvalidRequest([FieldError(("lines",), "no line to quote: every row was skipped")])
     if len(found) > max_lines:
         raise InvalidRequest(
             [FieldError(("lines",), f"must have 1 to {max_lines} lines, got {len(found)}")]
         )
-    cart_lines: list[CartLine] = []
-    first_of: dict[str, int] = {}
-    for index, (row, sku, quantity, _) in enumerate(found):
+    numbered: list[tuple[int, CartLine]] = []
+    rows: dict[int, int] = {}
+    # Every line's SKUs, valid or not: a repeat is named even on a row with other errors.
+    named: list[tuple[int, tuple[str, ...]]] = []
+    for index, (row, sku, quantity, designators, listed) in enumerate(found):
+        rows[index] = row
         problems = len(errors)
         if len(sku) > MAX_SKU_LENGTH:
             errors.append(
@@ -139,19 +146,29 @@ def decode_csv_cart(body: bytes, max_lines: int, scenario: str = "normal") -> Cs
             errors.append(
                 _row_error(index, "quantity", row, f"must be from 1 to {MAX_LINE_QUANTITY}")
             )
-        earlier = first_of.setdefault(sku, row)
-        if earlier != row:
-            errors.append(_row_error(index, "sku", row, f"repeats row {earlier}: ask a SKU once"))
+        # Pieces between bars, blanks dropped: "B | C|" lists B and C.
+        pieces = [piece.strip() for piece in listed.split(ALTERNATES_SEPARATOR)]
+        alternates = line_alternates([p for p in pieces if p], sku, index, errors, row)
+        named.append((index, (sku, *alternates)))
+        if designators is not None and len(designators) > MAX_REF_LENGTH:
+            problem = f"must be at most {MAX_REF_LENGTH} characters, got {len(designators)}"
+            errors.append(_row_error(index, "ref", row, problem))
         if len(errors) == problems and count is not None:
-            cart_lines.append(CartLine(sku, count))
+            numbered.append((index, CartLine(sku, count, alternates, designators)))
+    repeated = repeated_skus(named, errors, lambda i, k: _csv_place(rows[i], k), rows)
     if errors:
         raise InvalidRequest(errors)
+    cart_lines = [line for index, line in numbered if index not in repeated]
     return CsvCart(
         cart=CartRequest(lines=tuple(cart_lines), scenario=scenario),
-        refs=tuple(ref for *_, ref in found),
+        refs=tuple(ref for _, _, _, ref, _ in found),
         ignored_columns=header.ignored,
         skipped_rows=tuple(skipped),
     )
+
+
+def _csv_place(row: int, alternate: int | None) -> str:
+    return f"row {row}" if alternate is None else f"an alternate on row {row}"
 
 
 def _text(body: bytes) -> str:
@@ -268,7 +285,7 @@ def basket_csv(answer: Mapping[str, Any], refs: Sequence[str | None] = ()) -> by
                 "line",
                 ref,
                 line["sku"],
-                pick["sku"],
+                pick.get("bought_sku", pick["sku"]),
                 pick["quantity"],
                 bought,
                 pick["supplier"],
@@ -303,7 +320,10 @@ def _unit_price(pick: Mapping[str, Any], bought: int, places: int) -> str:
 
 def _why_unquoted(line: Mapping[str, Any]) -> str:
     failures = line.get("failures", [])
-    named = "; ".join(f"{failure['supplier']} {failure['code']}" for failure in failures)
+    named = "; ".join(
+        " ".join(filter(None, (failure["supplier"], failure.get("sku"), failure["code"])))
+        for failure in failures
+    )
     return f"no quote ({named})" if named else "no quote (too little stock everywhere)"
 
 

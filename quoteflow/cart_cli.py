@@ -299,4 +299,7 @@ def _why_unquoted(line: Mapping[str, Any]) -> str:
     failures = line.get("failures") or []
     if not failures:
         return "no supplier has enough in stock"
-    return "no quote: " + ", ".join(f"{f['supplier']} {f['code']}" for f in failures)
+    # On a line with alternates each failure names its SKU: which one failed where.
+    return "no quote: " + ", ".join(
+        " ".join(filter(None, (f["supplier"], f.get("sku"), f["code"]))) for f in failures
+    )

@@ -28,8 +28,10 @@ from quoteflow.errors import (
     InvalidSupplierData,
 )
 from quoteflow.models import (
+    MAX_ALTERNATES,
     MAX_LINE_QUANTITY,
     MAX_QUANTITY,
+    MAX_REF_LENGTH,
     MAX_SKU_LENGTH,
     MAX_SUPPLIED_NUMBER,
     NOT_FOUND,
@@ -254,16 +256,18 @@ def decode_request(body: bytes) -> QuoteRequest:
 
 
 _CART_KEYS = frozenset({"lines", "scenario", "currency"})
-_LINE_KEYS = ("sku", "quantity")
+_LINE_KEYS = ("sku", "quantity", "alternates", "ref")
 
 
 def decode_cart(body: bytes, max_lines: int) -> CartRequest:
-    """Parse an inbound cart: ``{"lines": [{"sku", "quantity"}, ...], "scenario"?}``.
+    """Parse an inbound cart: ``{"lines": [{"sku", "quantity", "alternates"?, "ref"?}, ...],
+    "scenario"?, "currency"?}``.
 
     Every problem is reported at once, each at its place (``["lines", 3,
     "quantity"]``), so a caller fixing a 200-line bill of materials needs one
-    round trip. A SKU asked twice is an error on the later line naming the
-    earlier one: merging them silently would hide a mistake in the bill.
+    round trip. A SKU asked twice, as a line's or an alternate, is an error at
+    the later place naming the earlier one: merging them silently would hide
+    a mistake in the bill, and one offer must never serve two lines.
     Raises ``BadRequestBody`` when it is not JSON, ``InvalidRequest`` otherwise.
     """
     obj = _json_object(body)
@@ -291,18 +295,10 @@ def decode_cart(body: bytes, max_lines: int) -> CartRequest:
             FieldError(("lines",), f"must have 1 to {max_lines} lines, got {len(raw_lines)}")
         )
     else:
-        first_of: dict[str, int] = {}
-        for index, raw in enumerate(raw_lines):
-            line = _cart_line(raw, index, errors)
-            if line is None:
-                continue
-            earlier = first_of.setdefault(line.sku, index)
-            if earlier != index:
-                errors.append(
-                    FieldError(("lines", index, "sku"), f"repeats line {earlier}: ask a SKU once")
-                )
-                continue
-            lines.append(line)
+        read = [(index, _cart_line(raw, index, errors)) for index, raw in enumerate(raw_lines)]
+        numbered = [(index, line) for index, line in read if line is not None]
+        repeated = repeated_skus([(i, ln.skus) for i, ln in numbered], errors, _json_place)
+        lines = [line for index, line in numbered if index not in repeated]
     if errors:
         raise InvalidRequest(errors)
     return CartRequest(lines=tuple(lines), scenario=scenario, currency=currency)
@@ -327,9 +323,106 @@ def _cart_line(raw: Any, index: int, errors: list[FieldError]) -> CartLine | Non
             values[key] = check(raw[key], str)
         except (TypeError, ValueError) as exc:
             errors.append(FieldError(("lines", index, key), str(exc)))
+    alternates: tuple[str, ...] = ()
+    if "alternates" in raw:
+        given = raw["alternates"]
+        if type(given) is not list:
+            problem = str(_wrong_type(given, "an array of SKUs"))
+            errors.append(FieldError(("lines", index, "alternates"), problem))
+        else:
+            alternates = line_alternates(given, values.get("sku"), index, errors)
+    ref = None
+    if "ref" in raw:
+        try:
+            ref = line_ref(raw["ref"]) or None  # an empty ref is no ref, as in a CSV file
+        except (TypeError, ValueError) as exc:
+            errors.append(FieldError(("lines", index, "ref"), str(exc)))
     if len(errors) > found:
         return None
-    return CartLine(values["sku"], values["quantity"])
+    return CartLine(values["sku"], values["quantity"], alternates, ref)
+
+
+def line_alternates(
+    given: list[Any], sku: str | None, index: int, errors: list[FieldError], row: int | None = None
+) -> tuple[str, ...]:
+    """A line's approved alternates (JSON's list, a CSV cell's pieces); every problem to ``errors``.
+
+    At most ``MAX_ALTERNATES``, each a SKU as a line's is, none the line's own
+    SKU; those that pass are returned even when others do not, so that a repeat
+    among them is still named. A SKU given twice in the cart is
+    ``repeated_skus``' to find.
+    """
+    at = ("lines", index, "alternates")
+    if len(given) > MAX_ALTERNATES:
+        problem = f"must have at most {MAX_ALTERNATES} SKUs, got {len(given)}"
+        errors.append(FieldError(at, problem, row=row))
+        return ()
+    valid: list[str] = []
+    for k, raw in enumerate(given):
+        try:
+            alternate = _sku(raw, str)
+        except (TypeError, ValueError) as exc:
+            errors.append(FieldError((*at, k), str(exc), row=row))
+            continue
+        if alternate == sku:
+            problem = "is the line's own SKU: list only the SKUs that may replace it"
+            errors.append(FieldError((*at, k), problem, row=row))
+            continue
+        valid.append(alternate)
+    return tuple(valid)
+
+
+def line_ref(value: Any) -> str:
+    """A line's ``ref``: the buyer's own text, echoed (``TypeError``/``ValueError`` otherwise)."""
+    text = _strict_str(value, str)
+    if len(text) > MAX_REF_LENGTH:
+        raise ValueError(f"must be at most {MAX_REF_LENGTH} characters, got {len(text)}")
+    return text
+
+
+def repeated_skus(
+    lines: list[tuple[int, tuple[str, ...]]],
+    errors: list[FieldError],
+    place: Callable[[int, int | None], str],
+    rows: dict[int, int] | None = None,
+) -> set[int]:
+    """The indices of lines naming a SKU named before, as a line's or as an alternate.
+
+    ``lines``: each line's index and SKUs, its own first. A SKU appears once
+    in a cart, so that no offer can serve two lines. Each repeat is an error
+    at its own place (``loc``, and its ``row`` from ``rows``) naming the
+    earlier one (``place(index, alternate or None)``); ``errors`` stay in
+    line order.
+    """
+    first_of: dict[str, tuple[int, int | None]] = {}
+    repeated: set[int] = set()
+    for index, skus in lines:
+        for k, sku in enumerate(skus):
+            alternate = k - 1 if k else None
+            earlier = first_of.setdefault(sku, (index, alternate))
+            if earlier == (index, alternate):
+                continue
+            loc: tuple[str | int, ...] = ("lines", index, "sku")
+            if alternate is not None:
+                loc = ("lines", index, "alternates", alternate)
+            row = None if rows is None else rows[index]
+            errors.append(FieldError(loc, f"repeats {place(*earlier)}: ask a SKU once", row=row))
+            repeated.add(index)
+    if repeated:
+        errors.sort(key=_line_of)
+    return repeated
+
+
+def _line_of(error: FieldError) -> int:
+    """The line an error is on (-1: the cart's own), for keeping errors in line order."""
+    loc = error.loc
+    return loc[1] if len(loc) > 1 and loc[0] == "lines" and type(loc[1]) is int else -1
+
+
+def _json_place(index: int, alternate: int | None) -> str:
+    if alternate is None:
+        return f"line {index}"
+    return f"alternate {alternate} of line {index}"
 
 
 _line_quantity = _whole_number(1, MAX_LINE_QUANTITY)
@@ -673,7 +766,13 @@ def to_json(obj: Any) -> bytes:
 
 
 _results = cattrs.Converter()
-_unstructure_failure = _results.get_unstructure_hook(Failure)
+
+
+def _unstructure_failure(failure: Failure) -> dict[str, Any]:
+    """A failure as the contract writes it; on a line with alternates it names its SKU too."""
+    if failure.sku is None:
+        return {"supplier": failure.supplier, "code": failure.code}
+    return {"supplier": failure.supplier, "sku": failure.sku, "code": failure.code}
 
 
 def _quote_json(quote: RankedQuote) -> dict[str, Any]:
@@ -738,10 +837,15 @@ def encode_result(result: QuoteResult) -> dict[str, Any]:
 def encode_cart(result: CartResult) -> dict[str, Any]:
     """A cart's answer: its lines as single quotes answer them (less their own ids), the basket."""
     lines = []
-    for line in result.lines:
+    asked = result.asked or (None,) * len(result.lines)
+    for line, given in zip(result.lines, asked, strict=True):
         encoded = encode_result(line)
         # The cart's, given once.
         del encoded["elapsed_ms"], encoded["request_id"], encoded["currency"]
+        if given is not None and given.alternates:
+            encoded["alternates"] = list(given.alternates)
+        if given is not None and given.ref is not None:
+            encoded["ref"] = given.ref
         lines.append(encoded)
     basket = result.basket
     return {
@@ -768,6 +872,7 @@ def _pick(pick: Pick) -> dict[str, Any]:
     """A basket line: ``unit_cents`` only when answered as today, ``buy_quantity`` if it differs."""
     encoded: dict[str, Any] = {
         "sku": pick.sku,
+        "bought_sku": pick.bought_sku,
         "quantity": pick.quantity,
         "supplier": pick.supplier,
     }
@@ -857,14 +962,17 @@ def encode_cart_explain(report: CartReport) -> dict[str, Any]:
         bill["lines"] = list(trace.lines)
         suppliers.setdefault(trace.supplier, []).append(bill)
     lines: dict[str, dict[str, str]] = {}
-    for line in report.result.lines:
-        failed = {failure.supplier: failure.code for failure in line.failures}
-        quoted = {quote.supplier for quote in line.quotes}
-        # A supplier in neither answered, with too little in stock: valid, not a failure.
-        lines[line.sku] = {
-            name: OK if name in quoted else failed.get(name, INSUFFICIENT_STOCK)
-            for name in report.suppliers
-        }
+    asked = report.result.asked or (None,) * len(report.result.lines)
+    for line, given in zip(report.result.lines, asked, strict=True):
+        failed = {(f.sku or line.sku, f.supplier): f.code for f in line.failures}
+        quoted = {(quote.sku, quote.supplier) for quote in line.quotes}
+        # Each SKU asked, alternates too; a supplier in neither answered with too
+        # little in stock: valid, not a failure.
+        for sku in (line.sku,) if given is None else given.skus:
+            lines[sku] = {
+                name: OK if (sku, name) in quoted else failed.get((sku, name), INSUFFICIENT_STOCK)
+                for name in report.suppliers
+            }
     explained: dict[str, Any] = {
         "budget_ms": _ms(report.budget),
         "deadline_ms": _ms(report.deadline - report.admitted_at),

@@ -65,7 +65,7 @@ class Settings:
     """Carts served at once; the next one gets 503 at once. A cart never takes a single
     quote's inbound seat."""
     max_cart_lines: int = attrs.field(default=200, validator=[v.ge(1), v.le(10_000)])
-    """Most lines one cart may have; its body may be 1 KiB + 256 B per line."""
+    """Most lines one cart may have; its body may be 1 KiB + 1 KiB per line."""
     outbound_limit: int = attrs.field(default=6, validator=v.ge(1))
     """Supplier HTTP attempts in flight at once, shared by every request."""
     supplier_share: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))

@@ -170,13 +170,13 @@ def _answerable(service: QuoteService, currency: str | None) -> None:
 
 
 def cart_body_cap(max_lines: int) -> int:
-    """Bytes a cart's body may have: 1 KiB + 256 B per allowed line.
+    """Bytes a cart's body may have: 1 KiB + 1 KiB per allowed line.
 
-    Room for the largest cart of plain SKUs (64 ASCII characters and a
-    quantity of 100,000 take about 100 bytes a line); a cart of long SKUs
-    in escaped non-ASCII text may not fit, and is told so with a 413.
+    Room for a cart of plain SKUs with four alternates and a ref of 500
+    characters on every line (about 900 bytes a line); a cart of long SKUs
+    or refs in escaped non-ASCII text may not fit, and is told so with a 413.
     """
-    return 1024 + 256 * max_lines
+    return 1024 + 1024 * max_lines
 
 
 async def carts(request: web.Request) -> web.Response:
@@ -184,7 +184,8 @@ async def carts(request: web.Request) -> web.Response:
 
     Carts have seats of their own (``--cart-limit``) and never take a single
     quote's; ``?explain=1`` adds the cart's bill. With callers configured, a
-    cart takes one of its caller's seats and one unit of its rate per line.
+    cart takes one of its caller's seats and one unit of its rate per SKU
+    (a line's alternates count).
     """
     service = request.app[SERVICE]
     given = request.headers.get(hdrs.CONTENT_TYPE)
@@ -209,7 +210,9 @@ async def carts(request: web.Request) -> web.Response:
     gate_pass = None
     if GATE in request.app:
         gate_pass = request[PASS] = Pass(request.app[GATE], request[CALLER])
-        await gate_pass.enter(service.ensure_cart_capacity, units=len(cart.lines))
+        # One unit a SKU asked, alternates too: each is a call's worth of suppliers' work.
+        units = sum(len(line.skus) for line in cart.lines)
+        await gate_pass.enter(service.ensure_cart_capacity, units=units)
     try:
         with service.cart_admitted() as admitted_at:
             since = admitted_at - (0.0 if gate_pass is None else gate_pass.waited)
@@ -221,9 +224,6 @@ async def carts(request: web.Request) -> web.Response:
     request.app[TELEMETRY].cart_served(report)
     body = encode_cart(report.result)
     if from_file is not None:
-        for line, ref in zip(body["lines"], from_file.refs, strict=True):
-            if ref is not None:
-                line["ref"] = ref
         body["ignored_columns"] = list(from_file.ignored_columns)
         body["skipped_rows"] = [
             {"row": row, "reason": reason} for row, reason in from_file.skipped_rows

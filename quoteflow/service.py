@@ -371,16 +371,18 @@ class QuoteService:
         try:
             try:
                 async with asyncio.TaskGroup() as group:
+                    # Every SKU of every line, alternates too: asked as lines of their own.
+                    every = cart.asked()
                     for supplier in lineup.suppliers:
                         permit = permits[supplier] = _permit(breakers, supplier)
                         if permit is Permit.REFUSED:
-                            for line in cart.lines:
+                            for line in every:
                                 outcomes[supplier, line.sku] = Failure(supplier, CIRCUIT_OPEN)
                             if self._circuit_open is not None:
                                 self._circuit_open(supplier)
                             continue
-                        chunks = carts.batches.chunks(supplier, cart.lines)
-                        calls = chunks or [(line,) for line in cart.lines]
+                        chunks = carts.batches.chunks(supplier, every)
+                        calls = chunks or [(line,) for line in every]
                         if permit is Permit.PROBE:
                             # Half-open: one call probes it, as a single quote's
                             # would; the cart's other lines wait for its verdict
@@ -451,6 +453,7 @@ class QuoteService:
             elapsed_ms=(solved - admitted_at) * 1000,
             request_id=request_id,
             currency=pricing.currency,
+            asked=cart.lines,
         )
         return CartReport(
             result=result,
@@ -487,7 +490,9 @@ async def solve_basket(
     lines: tuple[QuoteResult, ...], suppliers: tuple[str, ...], time_limit: float
 ) -> Basket:
     """The cheapest basket of the lines' usable quotes, within ``time_limit`` seconds."""
-    wanted = tuple(Line.of_quotes(line.sku, line.quantity, line.quotes) for line in lines)
+    wanted = tuple(
+        Line.of_quotes(line.sku, line.quantity, line.quotes, line.alternates) for line in lines
+    )
     offers = sum(len(line.offers) for line in wanted)
     if offers <= INLINE_SOLVE:
         return solve(wanted, suppliers, time_limit=time_limit)
@@ -538,14 +543,34 @@ def _rank_line(
     elapsed_ms: float,
     pricing: Pricing,
 ) -> QuoteResult:
-    """One line ranked as a single quote is."""
-    line_outcomes: dict[str, SupplierQuote | Failure] = {}
-    for supplier in suppliers:
-        outcome = outcomes.get((supplier, line.sku))
-        if outcome is not None:
-            line_outcomes[supplier] = outcome
-    request = cart.line_request(line)
-    return _rank(request, request_id, suppliers, line_outcomes, elapsed_ms, pricing)
+    """One line ranked as a single quote is; with alternates, over all its SKUs.
+
+    A line with alternates has one list of quotes, cheapest first, its own
+    SKU before an alternate at the same total, then the supplier's name; its
+    failures go SKU by SKU, each naming its SKU.
+    """
+    ranked = []
+    for sku in line.skus:
+        line_outcomes: dict[str, SupplierQuote | Failure] = {}
+        for supplier in suppliers:
+            outcome = outcomes.get((supplier, sku))
+            if outcome is not None:
+                line_outcomes[supplier] = outcome
+        request = QuoteRequest(sku=sku, quantity=line.quantity, scenario=cart.scenario)
+        ranked.append(_rank(request, request_id, suppliers, line_outcomes, elapsed_ms, pricing))
+    if not line.alternates:
+        return ranked[0]
+    rank = {sku: at for at, sku in enumerate(line.skus)}
+    quotes = sorted(
+        (quote for result in ranked for quote in result.quotes),
+        key=lambda quote: (quote.total_cents, rank.get(quote.sku, len(rank)), quote.supplier),
+    )
+    failures = tuple(
+        attrs.evolve(failure, sku=result.sku) for result in ranked for failure in result.failures
+    )
+    return attrs.evolve(
+        ranked[0], quotes=tuple(quotes), failures=failures, alternates=line.alternates
+    )
 
 
 def _cut_off(

@@ -568,8 +568,10 @@ def render_cart(answer: Mapping[str, Any]) -> str:
     for pick in basket["picks"]:
         row += 1
         bought = f" (buys {pick['buy_quantity']})" if "buy_quantity" in pick else ""
+        sku = pick.get("bought_sku", pick["sku"])
+        instead = f" as {sku}" if sku != pick["sku"] else ""
         words = (
-            f"{pick['sku']} × {pick['quantity']}{bought}: {pick['supplier']},"
+            f"{pick['sku']}{instead} × {pick['quantity']}{bought}: {pick['supplier']},"
             f" {pick['line_cents']} ¢"
         )
         legend.append(

@@ -140,8 +140,22 @@ def test_consolidation_beats_each_line_alone() -> None:
     basket = solve(lines, ("atlas", "boreal"))
     assert basket == Basket(
         picks=(
-            Pick(sku="KB-001", quantity=1, supplier="atlas", unit_cents=1000, line_cents=1000),
-            Pick(sku="MS-002", quantity=1, supplier="atlas", unit_cents=600, line_cents=600),
+            Pick(
+                sku="KB-001",
+                quantity=1,
+                supplier="atlas",
+                unit_cents=1000,
+                bought_sku="KB-001",
+                line_cents=1000,
+            ),
+            Pick(
+                sku="MS-002",
+                quantity=1,
+                supplier="atlas",
+                unit_cents=600,
+                bought_sku="MS-002",
+                line_cents=600,
+            ),
         ),
         shipping=(Shipping("atlas", 500),),
         total_cents=2100,
@@ -294,7 +308,7 @@ def test_an_offer_from_outside_the_catalogue_is_refused() -> None:
 
 def test_a_line_holds_one_offer_per_supplier() -> None:
     """Two offers from one supplier for one line are refused when the line is made."""
-    with pytest.raises(ValueError, match="one offer per supplier"):
+    with pytest.raises(ValueError, match="one offer per supplier and SKU"):
         Line("KB-001", 1, [Offer("atlas", 100, 0), Offer("atlas", 90, 0)])
 
 
@@ -316,3 +330,127 @@ def test_a_line_from_ranked_quotes() -> None:
         total_cents=2450,
     )
     assert Line.of_quotes("KB-001", 2, [quote]) == Line("KB-001", 2, [Offer("boreal", 1100, 250)])
+
+
+# -- alternates: a line bought as any one of its SKUs ---------------------------------
+
+
+def brute_force_alternates(
+    lines: list[Line], suppliers: tuple[str, ...]
+) -> tuple[int, int, int, tuple[int, ...]]:
+    """The least (total, suppliers, lines bought as an alternate, their positions) of all."""
+    position = {name: at for at, name in enumerate(suppliers)}
+    quoted = [line for line in lines if line.offers]
+    best: tuple[int, int, int, tuple[int, ...]] | None = None
+    for offers in itertools.product(*(line.offers for line in quoted)):
+        charged: dict[str, int] = {}
+        goods = 0
+        for line, offer in zip(quoted, offers, strict=True):
+            goods += offer.goods(line.quantity)
+            charged[offer.supplier] = max(charged.get(offer.supplier, 0), offer.shipping_cents)
+        used = tuple(sorted(position[name] for name in charged))
+        alternates = sum(offer.sku is not None for offer in offers)
+        key = (goods + sum(charged.values()), len(used), alternates, used)
+        if best is None or key < best:
+            best = key
+    assert best is not None
+    return best
+
+
+@st.composite
+def carts_with_alternates(draw: st.DrawFn) -> tuple[list[Line], tuple[str, ...]]:
+    """Up to 5 lines of up to 3 SKUs at up to 4 suppliers, small prices: ties everywhere."""
+    suppliers = CATALOGUE[: draw(st.integers(1, 4))]
+    lines = []
+    for n in range(draw(st.integers(0, 5))):
+        alternates = tuple(f"SKU-{n}-{k}" for k in range(draw(st.integers(0, 2))))
+        offers = []
+        for sku in (None, *alternates):
+            quoting = draw(st.lists(st.sampled_from(suppliers), unique=True, max_size=3))
+            offers += [
+                Offer(name, draw(SMALL_UNITS), draw(SMALL_SHIPPING), sku=sku) for name in quoting
+            ]
+        lines.append(Line(f"SKU-{n}", draw(SMALL_QUANTITIES), offers, alternates))
+    return lines, suppliers
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(carts_with_alternates())
+def test_alternates_match_brute_force(cart: tuple[list[Line], tuple[str, ...]]) -> None:
+    """Each line at any of its SKUs: the least total, then fewest suppliers, fewest alternates,
+    earliest suppliers; each pick an offer of the SKU it names, charged as the basket says."""
+    lines, suppliers = cart
+    basket = solve(lines, suppliers)
+    assert basket.optimal
+    total, count, alternates, positions = brute_force_alternates(lines, suppliers)
+    assert basket.total_cents == total
+    assert len(basket.shipping) == count
+    assert tuple(suppliers.index(s.supplier) for s in basket.shipping) == positions
+    quoted = [line for line in lines if line.offers]
+    assert [pick.sku for pick in basket.picks] == [line.sku for line in quoted]
+    assert sum(pick.bought_sku != pick.sku for pick in basket.picks) == alternates
+    charged = {item.supplier: item.shipping_cents for item in basket.shipping}
+    for pick, line in zip(basket.picks, quoted, strict=True):
+        sku = None if pick.bought_sku == line.sku else pick.bought_sku
+        offer = next(o for o in line.offers if (o.supplier, o.sku) == (pick.supplier, sku))
+        assert pick.line_cents == offer.goods(line.quantity)
+        assert offer.shipping_cents <= charged[pick.supplier]
+    assert basket.per_line_total_cents == sum(
+        min(o.goods(line.quantity) + o.shipping_cents for o in line.offers) for line in quoted
+    )
+    assert basket.total_cents == sum(p.line_cents for p in basket.picks) + sum(charged.values())
+
+
+@SMALL
+@given(carts_with_alternates(), st.sampled_from((0.0, -1.0)))
+def test_alternates_with_no_time_still_valid(
+    cart: tuple[list[Line], tuple[str, ...]], limit: float
+) -> None:
+    """With no time at all a cart with alternates still gets a valid basket."""
+    lines, suppliers = cart
+    basket = solve(lines, suppliers, time_limit=limit)
+    quoted = [line for line in lines if line.offers]
+    assert [pick.sku for pick in basket.picks] == [line.sku for line in quoted]
+    assert basket.total_cents <= basket.per_line_total_cents
+
+
+def test_an_alternate_in_stock_fills_a_line_its_own_sku_cannot() -> None:
+    """Only the alternate is offered: the line is bought as it, and says so."""
+    lines = [
+        Line("KB-001", 2, [Offer("atlas", 1000, 500)]),
+        Line("CAP-1", 10, [Offer("boreal", 9, 300, sku="CAP-1B")], ("CAP-1A", "CAP-1B")),
+    ]
+    basket = solve(lines, ("atlas", "boreal"))
+    assert [(p.sku, p.bought_sku, p.supplier) for p in basket.picks] == [
+        ("KB-001", "KB-001", "atlas"),
+        ("CAP-1", "CAP-1B", "boreal"),
+    ]
+    assert basket.total_cents == 2000 + 500 + 90 + 300
+    assert basket.complete
+    assert basket.optimal
+
+
+def test_a_tie_goes_to_the_line_s_own_sku_before_the_catalogue() -> None:
+    """Same total and suppliers: the line's own SKU, though its supplier comes later."""
+    lines = [
+        Line("A", 1, [Offer("atlas", 100, 0), Offer("boreal", 100, 0)]),
+        Line("B", 1, [Offer("atlas", 50, 0, sku="B2"), Offer("boreal", 50, 0)], ("B2",)),
+    ]
+    basket = solve(lines, ("atlas", "boreal"))
+    assert [(p.bought_sku, p.supplier) for p in basket.picks] == [("A", "boreal"), ("B", "boreal")]
+
+
+def test_a_tie_goes_to_fewer_suppliers_before_the_line_s_own_sku() -> None:
+    """One supplier with an alternate beats two with every line its own SKU, at equal cost."""
+    lines = [
+        Line("A", 1, [Offer("atlas", 100, 10)]),
+        Line("B", 1, [Offer("atlas", 60, 10, sku="B2"), Offer("boreal", 50, 10)], ("B2",)),
+    ]
+    basket = solve(lines, ("atlas", "boreal"))
+    assert [(p.bought_sku, p.supplier) for p in basket.picks] == [("A", "atlas"), ("B2", "atlas")]
+
+
+def test_an_alternate_must_be_one_of_the_line_s() -> None:
+    """An offer of a SKU the line does not list is refused when the line is made."""
+    with pytest.raises(ValueError, match="not one of the line's alternates"):
+        Line("A", 1, [Offer("atlas", 1, 0, sku="Z")], ("B",))

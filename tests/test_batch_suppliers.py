@@ -140,6 +140,23 @@ async def test_a_cart_is_asked_in_chunks_of_max_items_all_at_once(
     assert sorted(call["lines"] for call in calls) == [["A", "B"], ["C", "D"], ["E"]]
 
 
+async def test_a_lines_alternates_are_lines_of_the_batch_calls(
+    start: Start, api: ForeignApi, batch: BatchApi
+) -> None:
+    """Each SKU of a line is one line of a call; an alternate fills a line not found."""
+    batch.entry = lambda sku, q: "not_found" if sku == "B" else good(sku, q)
+    client = await start([bulk(api, max_items=3)])
+    lines = [{"sku": "A", "quantity": 3}, {"sku": "B", "quantity": 3, "alternates": ["B2", "B3"]}]
+    answer = await post_cart(client, {"lines": lines})
+    assert sorted(batch.calls()) == [["A", "B", "B2"], ["B3"]]
+    second = answer["lines"][1]
+    assert [q["sku"] for q in second["quotes"]] == ["B2", "B3"]
+    assert second["failures"] == [{"supplier": "bulk", "sku": "B", "code": "not_found"}]
+    picks = answer["basket"]["picks"]
+    assert [(p["sku"], p["bought_sku"]) for p in picks] == [("A", "A"), ("B", "B2")]
+    assert answer["basket"]["total_cents"] == 2 * 300 + 500
+
+
 @pytest.mark.parametrize(
     ("entry", "code"),
     [

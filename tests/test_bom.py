@@ -183,15 +183,59 @@ async def test_a_csv_body_is_capped_for_real_exports(start_quoteflow: StartQuote
     assert (await post_csv(client, wide + "y" * 2000)).status == 413
 
 
-async def test_an_alternates_column_is_refused_until_alternates_are_served(
+async def only_cap_1b(request: web.Request) -> web.StreamResponse:
+    """CAP-1 out of stock everywhere, its alternate CAP-1B in stock, the rest as usual."""
+    if request.query["sku"] == "CAP-1":
+        return await quote(stock=0)(request)
+    if request.query["sku"] == "CAP-1Z":
+        return web.json_response({"error": "unknown_sku"}, status=404)
+    return await quote()(request)
+
+
+async def test_an_alternates_column_lets_a_line_be_bought_as_its_alternate(
+    suppliers: FakeSuppliers, start_quoteflow: StartQuoteFlow
+) -> None:
+    """SKUs between bars; the CSV basket's bought_sku is what is bought, its sums still exact."""
+    for name in ("atlas", "boreal", "cedar"):
+        suppliers.always(name, only_cap_1b)
+    client = await start_quoteflow()
+    body = "ref;sku;qty;alternates\nR1;KB-001;2;\nC1;CAP-1;2;CAP-1Z | CAP-1B|\n"
+    answer = await (await post_csv(client, body)).json()
+    assert answer["lines"][1]["alternates"] == ["CAP-1Z", "CAP-1B"]
+    response = await post_csv(client, body, "/api/carts?format=csv")
+    assert response.status == 200
+    rows = list(csv.DictReader(io.StringIO((await response.read()).decode("utf-8-sig"))))
+    assert [(r["kind"], r["ref"], r["sku"], r["bought_sku"]) for r in rows[:2]] == [
+        ("line", "R1", "KB-001", "KB-001"),
+        ("line", "C1", "CAP-1", "CAP-1B"),
+    ]
+    assert rows[1]["supplier"] == "boreal"
+    amounts = sum(Decimal(r["amount"]) for r in rows if r["kind"] != "total")
+    assert amounts == Decimal(rows[-1]["amount"]) == Decimal(answer["basket"]["total_cents"]) / 100
+
+
+async def test_a_sku_listed_twice_across_lines_and_alternates_is_named_by_row(
     start_quoteflow: StartQuoteFlow,
 ) -> None:
+    """The same rules as a JSON cart's, each error at its row and naming the earlier one."""
     client = await start_quoteflow()
-    response = await post_csv(client, "sku,qty,alternates\nKB-001,1,MS-002|HOT-01\nMS-002,1,\n")
+    body = "sku,qty,alternates\nKB-001,1,MS-002|KB-001\nMS-002,1,\nHOT-01,1,A|B|C|D|E\n"
+    response = await post_csv(client, body)
     assert response.status == 422
-    (error,) = (await response.json())["detail"]
-    assert error["loc"] == ["lines", 0, "alternates"]
-    assert error["row"] == 2
+    detail = (await response.json())["detail"]
+    assert detail == [
+        {
+            "loc": ["lines", 0, "alternates", 1],
+            "msg": "is the line's own SKU: list only the SKUs that may replace it",
+            "row": 2,
+        },
+        {
+            "loc": ["lines", 1, "sku"],
+            "msg": "repeats an alternate on row 2: ask a SKU once",
+            "row": 3,
+        },
+        {"loc": ["lines", 2, "alternates"], "msg": "must have at most 4 SKUs, got 5", "row": 4},
+    ]
 
 
 async def test_an_offer_bought_in_a_larger_quantity_shows_both_quantities(

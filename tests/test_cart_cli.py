@@ -109,6 +109,27 @@ async def test_an_unquoted_line_is_listed_with_why_and_exits_1(
     assert "  CB-404 (J1): no quote: atlas http_404, boreal http_404, cedar http_404" in out
 
 
+async def test_a_line_bought_as_its_alternate_shows_the_sku_bought(
+    aiohttp_server: AiohttpServer, suppliers: FakeSuppliers, tmp_path: Path
+) -> None:
+    """KB-001 is out of stock everywhere, its alternate MS-002 is not: the table says so."""
+
+    async def kb_001_gone(request: web.Request) -> web.StreamResponse:
+        if request.query["sku"] in ("KB-001", "CB-404"):
+            return web.json_response({"error": "unknown_sku"}, status=404)
+        return await quote()(request)
+
+    for name in ("atlas", "boreal", "cedar"):
+        suppliers.always(name, kb_001_gone)
+    url = await quoteflow_url(aiohttp_server, suppliers)
+    bom = tmp_path / "bom.csv"
+    bom.write_text("ref,sku,qty,alternates\nR1,KB-001,2,MS-002\nJ1,CB-404,1,\n")
+    code, out, _ = await cart(str(bom), "--url", url)
+    assert code == 1
+    (row,) = [line.split() for line in out.splitlines() if line.startswith("R1")]
+    assert row == ["R1", "KB-001", "->", "MS-002", "2", "2", "boreal", "22.00"]
+
+
 async def test_out_writes_the_basket_csv_of_the_same_answer(
     aiohttp_server: AiohttpServer, suppliers: FakeSuppliers, tmp_path: Path
 ) -> None:

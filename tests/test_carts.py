@@ -91,6 +91,40 @@ async def post_cart(client: Client, body: object, query: str = "") -> tuple[int,
             cart("A", scenario="fast"),
             [(["scenario"], "must be one of normal, slow, broken, malformed, flaky")],
         ),
+        (
+            {
+                "lines": [
+                    {"sku": "A", "quantity": 1, "alternates": ["B", "C"]},
+                    {"sku": "C", "quantity": 1},
+                    {"sku": "E", "quantity": 1, "alternates": ["B", "A"]},
+                ]
+            },
+            [
+                (["lines", 1, "sku"], "repeats alternate 1 of line 0: ask a SKU once"),
+                (["lines", 2, "alternates", 0], "repeats alternate 0 of line 0: ask a SKU once"),
+                (["lines", 2, "alternates", 1], "repeats line 0: ask a SKU once"),
+            ],
+        ),
+        (
+            {
+                "lines": [
+                    {"sku": "A", "quantity": 1, "alternates": ["B", "C", "D", "E", "F"]},
+                    {"sku": "G", "quantity": 1, "alternates": ["G", 7, ""]},
+                    {"sku": "H", "quantity": 1, "alternates": "I|J", "ref": 12},
+                ]
+            },
+            [
+                (["lines", 0, "alternates"], "must have at most 4 SKUs, got 5"),
+                (
+                    ["lines", 1, "alternates", 0],
+                    "is the line's own SKU: list only the SKUs that may replace it",
+                ),
+                (["lines", 1, "alternates", 1], "must be a string, not an integer"),
+                (["lines", 1, "alternates", 2], "must be 1 to 64 characters, got 0"),
+                (["lines", 2, "alternates"], "must be an array of SKUs, not a string"),
+                (["lines", 2, "ref"], "must be a string, not an integer"),
+            ],
+        ),
     ],
 )
 async def test_every_field_error_of_a_cart_is_named_at_its_place_and_nothing_is_asked(
@@ -132,7 +166,7 @@ async def test_a_cart_that_is_not_a_json_object_is_refused(
 async def test_a_cart_over_its_byte_cap_is_413_and_the_largest_allowed_cart_fits(
     start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
 ) -> None:
-    """The cap is 1 KiB + 256 B per allowed line: room for the largest cart, and no more."""
+    """The cap is 1 KiB + 1 KiB per allowed line: room for the largest cart, and no more."""
     client = await start_quoteflow(max_cart_lines=4, budget=0.5, cart_budget=CART_BUDGET)
     longest = [{"sku": f"{n}".ljust(64, "X"), "quantity": 100_000} for n in range(4)]
     status, answer = await post_cart(client, {"lines": longest, "scenario": "normal"})
@@ -179,7 +213,14 @@ async def test_every_line_is_quoted_by_every_supplier_under_the_carts_request_id
     basket = answer["basket"]
     # boreal's lines together: its shipping once (250), not twice.
     assert basket["picks"] == [
-        {"sku": sku, "quantity": 2, "supplier": "boreal", "unit_cents": 1100, "line_cents": 2200}
+        {
+            "sku": sku,
+            "bought_sku": sku,
+            "quantity": 2,
+            "supplier": "boreal",
+            "unit_cents": 1100,
+            "line_cents": 2200,
+        }
         for sku in ("KB-001", "KB-002")
     ]
     assert basket["shipping"] == [{"supplier": "boreal", "shipping_cents": 250}]
@@ -346,3 +387,78 @@ async def test_a_cart_spends_one_unit_of_its_callers_rate_per_line(
         assert single.status == 200
     single = await client.post("/api/quotes", json={}, headers=headers)
     assert single.status == 429
+
+
+# -- alternates ------------------------------------------------------------------------
+
+
+async def test_a_line_out_of_stock_everywhere_is_bought_as_its_stocked_alternate(
+    start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
+) -> None:
+    """Every SKU is asked of every supplier; the line's one flat list names each quote's SKU."""
+    empty = fakes.quote(stock=0)
+    for name in ("atlas", "boreal", "cedar"):
+        suppliers.always(name, _by_sku({"CAP-1": empty, "CAP-1C": fakes.status(404)}))
+    suppliers.always("cedar", _by_sku({"CAP-1": empty, "CAP-1B": fakes.status(404)}))
+    client = await start_quoteflow(cart_budget=CART_BUDGET, breaker_failures=0)
+    body = {
+        "lines": [
+            {"sku": "KB-001", "quantity": 2},
+            {"sku": "CAP-1", "quantity": 2, "alternates": ["CAP-1B", "CAP-1C"], "ref": "C1, C2"},
+        ]
+    }
+    response = await client.post("/api/carts?explain=1", json=body)
+    assert response.status == 200
+    answer = await response.json()
+    plain, capacitor = answer["lines"]
+    assert set(plain) == {"sku", "quantity", "quotes", "failures", "best"}
+    assert capacitor["ref"] == "C1, C2"
+    assert capacitor["alternates"] == ["CAP-1B", "CAP-1C"]
+    assert [(q["sku"], q["supplier"]) for q in capacitor["quotes"]] == [
+        ("CAP-1B", "boreal"),
+        ("CAP-1B", "atlas"),
+    ]
+    assert capacitor["best"] == capacitor["quotes"][0]
+    assert capacitor["failures"] == [
+        {"supplier": "cedar", "sku": "CAP-1B", "code": "http_404"},
+        *({"supplier": name, "sku": "CAP-1C", "code": "http_404"} for name in ("atlas", "boreal")),
+    ]
+    basket = answer["basket"]
+    assert [(p["sku"], p["bought_sku"], p["supplier"]) for p in basket["picks"]] == [
+        ("KB-001", "KB-001", "boreal"),
+        ("CAP-1", "CAP-1B", "boreal"),
+    ]
+    assert basket["complete"] is True
+    assert basket["total_cents"] == 2 * 2200 + 250
+    for name in ("atlas", "boreal", "cedar"):
+        asked = sorted(r.query["sku"] for r in suppliers.of(name))
+        assert asked == ["CAP-1", "CAP-1B", "CAP-1C", "KB-001"]
+    assert answer["explain"]["lines"]["CAP-1B"] == {
+        "atlas": "ok",
+        "boreal": "ok",
+        "cedar": "http_404",
+    }
+    assert answer["explain"]["lines"]["CAP-1"]["boreal"] == "insufficient_stock"
+    drawn = await (await client.post("/api/carts?explain=svg", json=body)).text()
+    assert "CAP-1 as CAP-1B × 2: boreal, 2200 ¢" in drawn
+
+
+async def test_a_cart_spends_one_unit_of_its_callers_rate_per_sku_alternates_too(
+    start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers, tmp_path: Any
+) -> None:
+    """Two lines with one alternate each spend 4 of 5; a line with 2 alternates is then refused."""
+    path = write_callers(tmp_path / "callers.toml", {"name": "acme", "rate": "5/60s", "seats": 2})
+    client = await start_quoteflow(callers=load_callers(str(path), {}), cart_budget=CART_BUDGET)
+    headers = bearer("acme")
+    lines = [
+        {"sku": "A", "quantity": 1, "alternates": ["A2"]},
+        {"sku": "B", "quantity": 1, "alternates": ["B2"]},
+    ]
+    response = await client.post("/api/carts", json={"lines": lines}, headers=headers)
+    assert response.status == 200
+    assert response.headers["RateLimit"].startswith('"acme";r=1;')
+    asked = len(suppliers.received)
+    lines = [{"sku": "C", "quantity": 1, "alternates": ["C2"]}]
+    response = await client.post("/api/carts", json={"lines": lines}, headers=headers)
+    assert response.status == 429
+    assert len(suppliers.received) == asked

@@ -105,7 +105,7 @@ class Pass:
     async def enter(self, ensure_capacity: Callable[[], None], units: int = 1) -> None:
         """Take a seat, check the inbound limit, spend ``units`` of the rate — or refuse.
 
-        ``units``: a cart spends one per line, so that a 200-line cart is no
+        ``units``: a cart spends one per SKU (alternates too), so that a 200-line cart is no
         loophole in a quota. It is refused unless the caller may send them all
         now (a cart larger than the caller's burst never is); spent one by
         one, a cart whose fleet-wide units run out midway keeps what it spent.

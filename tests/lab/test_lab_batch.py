@@ -179,6 +179,22 @@ async def test_every_supplier_is_priced_as_the_classic_offer(
         assert batch_dialect(strict(body), lines(parts, supplier)) == quoted(parts, supplier)
 
 
+async def test_an_out_of_stock_part_has_an_alternate_in_stock_at_boreal(lab: LabClient) -> None:
+    """CAP-100N: stock 0 everywhere; its alternate CAP-100N-B: boreal's alone, in stock."""
+    parts = (("CAP-100N", 10), ("CAP-100N-B", 10))
+    stocked = {}
+    for supplier in catalogue.SUPPLIERS:
+        status, body = await ask_batch(lab, supplier, parts)
+        assert status == 200
+        own, alternate = entries(body)
+        assert own["offer"]["stock"] == 0
+        stocked[supplier] = alternate.get("offer", {}).get("stock", 0)
+        if supplier != "boreal":
+            assert alternate["error"]["code"] == "not_found"
+    assert stocked["boreal"] >= 10
+    assert catalogue.derived_offer("north", "CAP-100N").stock == 0
+
+
 async def test_the_delimited_variant_asks_one_quantity_for_every_part(lab: LabClient) -> None:
     """``?pn=A|B|C&qty=N``: the same results, each part at ``N``; ``%7C`` separates too."""
     parts = [(mpn, 10) for mpn in ("KB-001", "NOPE", "HOT-01")]
