@@ -5,11 +5,12 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from quoteflow.config import Settings
-from quoteflow.options import ConfigError, env_names, parse_settings
+from quoteflow.options import ConfigError, env_names, loggable, parse_settings, unknown_variables
 
 
 def test_defaults_are_the_contracts() -> None:
@@ -160,12 +161,56 @@ def test_fleet_settings_come_from_flags_and_environment() -> None:
         (["--budget", "0.2", "--redis-timeout", "0.3"], "below the budget"),
         (["--redis-prefix", "two words"], "redis_prefix"),
         (["--redis-prefix", ""], "redis_prefix"),
+        (["--redis-sentinel", "127.0.0.1:26379"], "go together"),
+        (["--redis-master", "qf"], "go together"),
+        (["--redis-sentinel", "127.0.0.1", "--redis-master", "qf"], "not HOST:PORT"),
+        (["--redis-sentinel", "h:70000", "--redis-master", "qf"], "not HOST:PORT"),
+        (
+            ["--redis-sentinel", "h:1", "--redis-master", "qf", "--redis-url", "unix:///r.sock"],
+            "not unix",
+        ),
+        (["--redis-outage-grace", "-1"], "redis_outage_grace"),
     ],
 )
 def test_bad_fleet_settings_are_refused(argv: list[str], problem: str) -> None:
     """A Redis URL, time limit or prefix QuoteFlow cannot use stops start-up, naming it."""
     with pytest.raises(ConfigError, match=problem):
         parse_settings(argv, {})
+
+
+def test_sentinel_settings_come_from_flags_and_environment() -> None:
+    """--redis-sentinel and --redis-master (or their variables) turn fleet mode on; the
+    sentinels' password is a variable only, and never reaches the log."""
+    environ = {
+        "QUOTEFLOW_REDIS_SENTINEL": "10.0.0.1:26379, [::1]:26380",
+        "QUOTEFLOW_REDIS_MASTER": "quoteflow",
+        "QUOTEFLOW_REDIS_SENTINEL_PASSWORD": "s3cret",
+    }
+    settings = parse_settings([], environ)
+    assert settings.fleet
+    assert settings.redis_sentinel == (("10.0.0.1", 26379), ("::1", 26380))
+    assert settings.redis_master == "quoteflow"
+    assert settings.redis_sentinel_password == "s3cret"
+    assert "s3cret" not in str(loggable(settings))
+    assert not Settings().fleet
+
+
+def test_a_misspelt_variable_is_named_and_a_files_own_is_not(tmp_path: Path) -> None:
+    """Unknown QUOTEFLOW_* variables are named at start-up; one the catalogue reads is known."""
+    catalogue = tmp_path / "suppliers.toml"
+    catalogue.write_text(
+        '[[supplier]]\nname = "acme"\nurl = "http://127.0.0.1:1/q"\n'
+        'headers = { Authorization = "Bearer ${QUOTEFLOW_ACME_TOKEN}" }\n'
+    )
+    environ = {
+        "QUOTEFLOW_BUGDET": "0.5",
+        "QUOTEFLOW_BUDGET": "0.5",
+        "QUOTEFLOW_ACME_TOKEN": "t",
+        "QUOTEFLOW_REDIS_SENTINEL_PASSWORD": "p",
+        "QUOTEFLOW_SUPPLIERS_FILE": str(catalogue),
+    }
+    settings = parse_settings([], environ)
+    assert unknown_variables(settings, environ) == ["QUOTEFLOW_BUGDET"]
 
 
 def test_a_redis_password_never_appears_in_an_error() -> None:

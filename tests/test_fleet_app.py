@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from typing import Any
 
@@ -211,12 +212,17 @@ async def test_a_flaky_supplier_is_recovered_through_two_workers(
 async def test_coordination_is_visible_in_the_metrics_only_in_fleet_mode(
     redis_server: RedisServer, start_quoteflow: StartQuoteFlow
 ) -> None:
-    """quoteflow_coordination_up is 1 in a fleet that reaches Redis, absent in one process."""
+    """quoteflow_coordination_up is 1 in a fleet that reaches Redis, absent in one process; the
+    fleet's metrics say which host they are of, and that no host differs or switched."""
     fleet = await start_quoteflow(redis_url=redis_server.url, redis_timeout=REDIS_TIMEOUT)
     await wait_until(lambda: fleet.app[COORDINATOR].up)
     assert await metric(fleet, "quoteflow_coordination_up") == "1.0"
     text = await (await fleet.get("/metrics")).text()
     assert 'quoteflow_coordination_syncs_total{result="ok"}' in text
+    assert f'quoteflow_host_info{{host="{socket.gethostname()}"}} 1.0' in text
+    assert await metric(fleet, "quoteflow_fleet_settings_differ") == "0.0"
+    assert await metric(fleet, "quoteflow_coordination_switched_total") == "0.0"
+    assert await metric(fleet, "quoteflow_coordination_past_grace_total") == "0.0"
     single = await start_quoteflow()
     assert await metric(single, "quoteflow_coordination_up") is None
     assert COORDINATOR not in single.app
