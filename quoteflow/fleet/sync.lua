@@ -104,7 +104,8 @@ if check_server then
   local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
   local known = redis.call('GET', KEYS[6])
   if known ~= run_id then
-    if known and joined and not reset then
+    -- Whoever finds it first, a worker just started included: the others learn it.
+    if known and not reset then
       switched, reset, epoch = true, true, now
       redis.call('SET', KEYS[4], epoch)
     end
