@@ -238,8 +238,18 @@ class Replicated:
 
     def _server(self, port: int, *more: str) -> None:
         argv = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        # A replica's full sync lands in an RDB file in its directory: the test's own.
         process = subprocess.Popen(
-            [*argv, "--appendonly", "no", "--loglevel", "warning", *more],
+            [
+                *argv,
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.directory),
+                "--loglevel",
+                "warning",
+                *more,
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
