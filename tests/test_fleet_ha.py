@@ -326,8 +326,21 @@ async def test_a_failover_keeps_every_share_and_the_fleet_follows_the_promoted_r
     replicated: Replicated,
 ) -> None:
     """Kill the primary under load: no share or limit passed; within 10 s every worker syncs on
-    the promoted replica, having found the switch (a reset: quiet period, rates spent)."""
-    sentinels = tuple(("127.0.0.1", port) for port in replicated.sentinels)
+    the promoted replica, having found the switch (a reset: quiet period, rates spent).
+
+    The first sentinel listed is on a host that never answers (a socket that reads nothing):
+    each time the workers look for the primary they must get past it.
+    """
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def silent(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+
+    dead_host = await asyncio.start_server(silent, "127.0.0.1", 0)
+    sentinels = (
+        ("127.0.0.1", dead_host.sockets[0].getsockname()[1]),
+        *(("127.0.0.1", port) for port in replicated.sentinels),
+    )
     settings = Settings(
         redis_sentinel=sentinels,
         redis_master="qf",
@@ -352,6 +365,10 @@ async def test_a_failover_keeps_every_share_and_the_fleet_follows_the_promoted_r
         done = sum(meter.done[w.worker_id] for w in workers)
         await until(lambda: sum(meter.done[w.worker_id] for w in workers) > done, 3.0)
         assert meter.kept(), (dict(meter.peak), meter.peak_total)
+    for writer in accepted:
+        writer.transport.abort()
+    dead_host.close()
+    await dead_host.wait_closed()
 
 
 async def test_a_new_worker_slow_to_join_sends_nothing_until_its_patience_is_spent() -> None:

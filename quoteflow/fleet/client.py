@@ -22,6 +22,16 @@ if TYPE_CHECKING:
     from redis.asyncio.sentinel import Sentinel
 
 
+SENTINEL_CALLS = 2
+"""Redis time limits one sentinel may take to answer where the primary is."""
+
+
+def discovery_limit(settings: Settings) -> float:
+    """The most asking the sentinels for the primary takes: each in turn, each at its limit."""
+    sentinels = len(settings.redis_sentinel or ())
+    return sentinels * SENTINEL_CALLS * settings.redis_timeout
+
+
 def redis_client(settings: Settings, *, timeout: float) -> tuple[Redis, Sentinel | None]:
     """The client for the fleet's Redis, and the sentinels' own (closed with it), if any.
 
@@ -86,7 +96,11 @@ def _sentinel_kwargs(settings: Settings, sockets: dict[str, Any]) -> dict[str, A
         lent.pop("port", None)
         if lent.pop("connection_class", None) is not None:  # rediss://: the only class it sets
             lent["ssl"] = True
-    own = dict(sockets)
+    # Each sentinel gets two Redis time limits, not the client's backstop: one
+    # on a dead host would otherwise use up every sync's time limit before the
+    # next was asked, and the fleet never find the new primary.
+    own = {**sockets, "socket_timeout": SENTINEL_CALLS * settings.redis_timeout}
+    own["socket_connect_timeout"] = own["socket_timeout"]
     if settings.redis_sentinel_password is not None:
         own["password"] = settings.redis_sentinel_password
     return {"sentinel_kwargs": own, **lent}

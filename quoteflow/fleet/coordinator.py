@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from quoteflow.config import Settings
 from quoteflow.fleet.budget import FleetHedgeBudget, FleetRetryBudget, rehedge
-from quoteflow.fleet.client import redis_client
+from quoteflow.fleet.client import discovery_limit, redis_client
 from quoteflow.fleet.deadline import LoopFairTimeout
 from quoteflow.fleet.hosts import HostCheck, worker_identity
 from quoteflow.fleet.leases import LOCAL, FleetSlots
@@ -89,8 +89,8 @@ class Coordinator:
             supplier: settings.retry_budget_capacity if capacities is None else capacities[supplier]
             for supplier in self._suppliers
         }
-        self._first_limit = FIRST_SYNC_TRIPS * settings.redis_timeout
-        """The time limit of a sync while not up (joining, or coming back)."""
+        self._first_limit = FIRST_SYNC_TRIPS * settings.redis_timeout + discovery_limit(settings)
+        """The time limit of a sync while not up (joining, coming back: the sentinels asked too)."""
         self._call_most = self._first_limit + LATE_LOOP_MOST
         """The longest one sync may take: its time limit, and what a busy loop may add."""
         self.slots = FleetSlots(
