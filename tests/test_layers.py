@@ -73,6 +73,7 @@ PACKAGE_LAYERS = {
         "holdings",
         "deadline",
         "leases",
+        "trade",
         "waiters",
         "idle",
         "safe",

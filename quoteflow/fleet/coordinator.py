@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Final, cast
 
+from quoteflow.catalogue import default_share as default_share_of
 from quoteflow.config import Settings
 from quoteflow.fleet.budget import FleetHedgeBudget, FleetRetryBudget, rehedge
 from quoteflow.fleet.deadline import LoopFairTimeout
@@ -76,9 +77,7 @@ class Coordinator:
         self._keys = [f"{prefix}:workers", f"{prefix}:state", f"{prefix}:tokens", f"{prefix}:epoch"]
         self.channel = f"{prefix}:freed"
         self._suppliers = tuple(suppliers)
-        default_share = settings.supplier_share or max(
-            1, settings.outbound_limit - (len(self._suppliers) - 1)
-        )
+        default_share = default_share_of(settings, len(self._suppliers))
         self.shares = {
             supplier: default_share if shares is None else shares[supplier]
             for supplier in self._suppliers
@@ -102,6 +101,7 @@ class Coordinator:
             # within _call_most more. Until then it may be on its own.
             rejoin=RECONNECT + 2 * self._call_most,
             narrow=LEASE_TRUST + settings.budget,
+            cart_slots=settings.carts_part,
         )
         self.budgets = {
             supplier: FleetRetryBudget(
