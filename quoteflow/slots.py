@@ -26,12 +26,12 @@ slot, so that the slots' time goes to complete answers first.
 
 A cart's calls wait ``later``, a class of their own (``CartPart``): while
 single quotes are present, all carts together hold at most ``cart_slots``
-(``--cart-slots``) and single quotes get the rest; a cart's call below that
+(``--cart-slots``) and single quotes get the rest. A cart's call below that
 part goes before every single quote's call, so that single quotes filling
-every slot never starve a cart; a cart's call above it gets only what no
-single quote's call can use, so that a 200-line cart never stands between a
-single quote and its next slot. With no single quote present, carts use
-every slot. The order of the hand-out, one place for both classes: carts'
+every slot never starve a cart; beyond it, a free slot is kept for the next
+single quote, so that a 200-line cart's calls never stand between a single
+quote and its next slot. With no single quote present, carts use every
+slot. The order of the hand-out, one place for both classes: carts'
 calls while carts hold fewer than their part, then single quotes' calls of
 whole requests, then of requests that lost a call, then carts' calls while
 no single quote is present; first come, first served within each.
@@ -60,9 +60,9 @@ SINGLES_LINGER: Final = 0.05
 
 A caller's next single quote comes a few ms after its answer; were carts to
 take every slot in that gap, each single quote would wait for a cart's call
-to end (as on main before issue 49: 0.68 x the goodput). 50 ms, one call of
-the lab's at its bench latency, spans the gap on a loaded machine and costs
-carts at most that long on their part once single quotes stop.
+to end (0.68 x their goodput alone, measured before this rule). 50 ms, one
+call of the lab's at its bench latency, spans the gap on a loaded machine
+and costs carts at most that long on their part once single quotes stop.
 """
 
 

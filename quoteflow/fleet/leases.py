@@ -121,7 +121,7 @@ class FleetSlots:
         granted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         if patience is not None and not self._waiters.watch(patience, granted):
             return False  # too late already: never queued, never announced
-        waiter = self._waiters.join(supplier, granted, later=later)
+        waiter = self._waiters.join(supplier, granted, later=later, in_use=self.in_use)
         if self.mode != LOCAL:
             # At once if the last sync saw a slot we could get, or Redis does
             # not know yet that we wait (then nobody would tell us of a freed

@@ -79,12 +79,15 @@ class LocalWaiters:
         """A supplier's learned time grew: every waiter's patience is read again now."""
         self._impatience.reconsider()
 
-    def join(self, supplier: str, granted: asyncio.Future[bool], *, later: bool) -> Waiter:
+    def join(
+        self, supplier: str, granted: asyncio.Future[bool], *, later: bool, in_use: int
+    ) -> Waiter:
         """Put ``granted`` in ``supplier``'s line: at its end, or before the carts' calls."""
         line = self._lines[supplier]
         if later:
             waiter = (LATER + next(self._turns), granted)
             line.append(waiter)
+            self._cart_room(in_use)()  # held back by single quotes' linger: woken once it ends
         elif line and line[-1][0] >= LATER:
             # Before the carts' calls: a single quote never waits behind a cart.
             waiter = (next(self._turns), granted)
