@@ -513,7 +513,7 @@ def judge(case: str, figures: dict[str, Any]) -> list[tuple[str, bool]]:
 def run_carts(bench: Bench) -> dict[str, Any]:
     """Every case under every loop (the basket's once), each against a fresh lab and QuoteFlow.
 
-    Under ``--quick`` the fairness case runs for a fifth of its 10 s.
+    Under ``--quick`` the fairness and sharing cases run for a fifth of their 10 s.
     """
     runs: dict[str, dict[str, Any]] = {}
     scale = bench.options.slow_duration_s / SLOW_FULL_S

@@ -1080,3 +1080,33 @@ async def test_a_workers_carts_keep_to_their_part_go_first_below_it_and_get_slot
     await settle()
     assert all(task.done() for task in more)
     assert (slots.carts.held, slots.in_use) == (4, 4)
+
+
+async def test_a_leased_slot_no_waiting_single_quote_can_use_goes_to_a_cart_beyond_its_part() -> (
+    None
+):
+    """A lease serves one supplier: kept for single quotes waiting for another, it would idle."""
+    slots = FleetSlots(
+        6,
+        dict.fromkeys(SUPPLIERS, 6),
+        SUPPLIERS,
+        need_sync=lambda _: None,
+        lapsed=lambda: None,
+        rejoin=5.0,
+        narrow=0.0,
+        cart_slots=1,
+    )
+    atlas, boreal, cedar = SUPPLIERS
+    slots.apply([1, 1, 0], [6] * 3, 6, [0] * 3, [0] * 3, False, time.monotonic(), 1)
+    await slots.acquire(atlas)  # a single quote's call
+    await slots.acquire(boreal, later=True)  # the carts' part
+    single = asyncio.create_task(slots.acquire(cedar))  # no cedar lease yet
+    cart = asyncio.create_task(slots.acquire(atlas, later=True))
+    await asyncio.sleep(0)
+    assert not cart.done()
+    slots.release(atlas)
+    await asyncio.sleep(0)
+    assert cart.done()
+    assert (slots.carts.held, single.done()) == (2, False)
+    single.cancel()
+    await asyncio.gather(single, return_exceptions=True)

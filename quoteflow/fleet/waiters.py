@@ -6,7 +6,12 @@ sync granted, or — on its own, Redis away — room within the safe share. The
 lines are first come, first served within each class: a cart's call
 (``later``) stands behind every single quote's call of its supplier, and is
 served first only while this worker's carts hold less than their part of
-the slots (``slots.CartPart``, the same rule as ``OutboundSlots``').
+the slots (``slots.CartPart``, the same rule as ``OutboundSlots``'). One
+difference: a leased slot serves one supplier, so a freed slot that no
+waiting single quote's call can use (they all wait for other suppliers)
+goes to a cart's call even beyond the part; kept, it would stand idle until
+it went back to Redis. Measured, single quotes that fill every slot kept
+0.53-0.61 x their goodput beside carts without it, 0.67 x with it.
 
 A waiter is a future resolved True (a slot is its) or False (its patience
 ran out: ``slots.Impatience`` answers it), never cancelled by the lines;
@@ -122,7 +127,11 @@ class LocalWaiters:
 
     def _singles_busy(self, in_use: int) -> bool:
         """Whether a single quote's call holds a slot or waits for one."""
-        return in_use > self.carts.held or any(
+        return in_use > self.carts.held or self._singles_waiting()
+
+    def _singles_waiting(self) -> bool:
+        """Whether a single quote's call of any supplier still waits."""
+        return any(
             turn < LATER and not granted.done()
             for line in self._lines.values()
             for turn, granted in line
@@ -168,10 +177,11 @@ class LocalWaiters:
         """Out of ``supplier``'s line: the waiter a slot goes to now, and whether it is a cart's.
 
         Below the carts' part, the first cart's call that can use it, before
-        single quotes'; then the first single quote's; then, if the carts'
-        part has room, the first cart's. Passed over on the way, and out of
-        the line: waiters cancelled or answered already, and those whose
-        patience has run out (``ready`` answers them False).
+        single quotes'; then the first single quote's; then the first cart's
+        if the carts' part has room, or if single quotes' calls wait only for
+        other suppliers. Passed over on the way, and out of the line: waiters
+        cancelled or answered already, and those whose patience has run out
+        (``ready`` answers them False).
         """
         line = self._lines[supplier]
         carts_first = self.carts.held < self.carts.most
@@ -188,7 +198,7 @@ class LocalWaiters:
             _, granted = line.popleft()
             if not granted.done() and self._impatience.ready(granted):
                 return granted, False
-        if line and cart_room():
+        if line and (self._singles_waiting() or cart_room()):
             while line:
                 _, granted = line.popleft()
                 if not granted.done() and self._impatience.ready(granted):
