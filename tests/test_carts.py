@@ -388,7 +388,7 @@ async def test_an_idle_service_gives_a_cart_every_slot(
     start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
 ) -> None:
     """With no single quote about, a cart's calls take all 6 slots, not only their part."""
-    meter = ClassMeter(suppliers, 0.02)
+    meter = ClassMeter(suppliers, 0.03)
     client = await start_quoteflow(cart_budget=3.0, breaker_failures=0)
     status, answer = await post_cart(client, cart(*(f"C-{n:02d}" for n in range(12))))
     assert status == 200
