@@ -427,7 +427,7 @@ def _limits(
     coordinator = app.get(COORDINATOR)
     if coordinator is not None:
         return coordinator.slots, dict(coordinator.budgets), coordinator.hedge_budgets
-    slots = OutboundSlots(app[SETTINGS].outbound_limit, app[ROSTER].catalogue.shares())
+    slots = OutboundSlots.of(app[SETTINGS], app[ROSTER].catalogue.shares())
     return slots, None, None
 
 

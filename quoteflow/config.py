@@ -13,6 +13,9 @@ from quoteflow.auth import ApiKeys
 from quoteflow.callers import Callers
 from quoteflow.money import DEFAULT_CURRENCY, minor_unit
 
+DEFAULT_CART_SLOTS = 2
+"""Carts' part of the outbound slots beside single quotes unless ``--cart-slots`` says."""
+
 SCENARIOS: tuple[str, ...] = ("normal", "slow", "broken", "malformed", "flaky")
 """Lab scenarios a caller may forward to the suppliers."""
 
@@ -68,6 +71,11 @@ class Settings:
     """Most lines one cart may have; its body may be 1 KiB + 1 KiB per line."""
     outbound_limit: int = attrs.field(default=6, validator=v.ge(1))
     """Supplier HTTP attempts in flight at once, shared by every request."""
+    cart_slots: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
+    """Outbound slots all carts of a process hold at most while single quotes are present
+    (``slots.CartPart``); below it a cart's call goes first. ``None`` (the default): 2, or
+    one below ``outbound_limit`` when that is less (no part at all for a limit of 1). Given,
+    it must be below ``outbound_limit``: single quotes always keep a slot."""
     supplier_share: int | None = attrs.field(default=None, validator=v.optional(v.ge(1)))
     """Outbound slots one supplier may hold at once: a hanging one cannot starve the rest.
 
@@ -327,6 +335,21 @@ class Settings:
                 f"header_timeout ({self.header_timeout} s) must not be above"
                 f" idle_timeout ({value} s)"
             )
+
+    @cart_slots.validator
+    def _check_cart_slots(self, attribute: attrs.Attribute[int | None], value: int | None) -> None:
+        if value is not None and value >= self.outbound_limit:
+            raise ValueError(
+                f"cart_slots ({value}) must be below outbound_limit ({self.outbound_limit}):"
+                " single quotes keep at least one slot"
+            )
+
+    @property
+    def carts_part(self) -> int:
+        """Slots carts hold at most beside single quotes: ``cart_slots`` or its default."""
+        if self.cart_slots is not None:
+            return self.cart_slots
+        return min(DEFAULT_CART_SLOTS, self.outbound_limit - 1)
 
     @backoff_max.validator
     def _check_backoff(self, attribute: attrs.Attribute[float], value: float) -> None:

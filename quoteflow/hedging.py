@@ -179,12 +179,13 @@ class Hedging:
             return NO_TOKEN
         if state.retry_budget.tokens < 1 or not hedges.try_spend():
             return NO_TOKEN  # in the fleet, this worker's pool: a sync refills it
-        if not self._slots.try_acquire(name):
+        cart = bool(trace.lines)  # a cart's hedge keeps to the carts' part of the slots
+        if not self._slots.try_acquire(name, later=cart):
             hedges.paid_off()  # the token back: nothing was sent
             return NO_SLOT
         rate = state.spec.rate
         if rate is not None and not self._turns.take_now(name, rate):
-            self._slots.release(name)
+            self._slots.release(name, later=cart)
             hedges.paid_off()  # the token back: nothing was sent
             return NO_TURN
         return None

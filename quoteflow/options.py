@@ -78,6 +78,11 @@ _OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "cart_limit": (int, "carts served at once, apart from single quotes (default 2)"),
     "max_cart_lines": (int, "most lines one cart may have (default 200)"),
     "outbound_limit": (int, "supplier attempts in flight at once (default 6)"),
+    "cart_slots": (
+        int,
+        "outbound slots all carts hold at most while single quotes wait; below the "
+        "outbound limit (default 2, or the limit - 1 if less)",
+    ),
     "breaker_failures": (
         int,
         "failures in a row that open a supplier's circuit; 0: no breaker (default 5)",

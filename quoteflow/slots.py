@@ -24,11 +24,17 @@ supplier: ``OutboundSlots`` then serves the request's other waiting calls
 only when no call of a request that can still get every quote can use the
 slot, so that the slots' time goes to complete answers first.
 
-A cart's calls wait ``later``: a freed slot goes to them only when no single
-quote's call can use it, so that a 200-line cart never stands between a
-single quote and its next slot. The order of the hand-out, one place for
-both classes: single quotes' calls of whole requests, then of requests that
-lost a call, then carts' calls; first come, first served within each.
+A cart's calls wait ``later``, a class of their own (``CartPart``): while
+single quotes are present, all carts together hold at most ``cart_slots``
+(``--cart-slots``) and single quotes get the rest. A cart's call below that
+part goes before every single quote's call, so that single quotes filling
+every slot never starve a cart; beyond it, a free slot is kept for the next
+single quote, so that a 200-line cart's calls never stand between a single
+quote and its next slot. With no single quote present, carts use every
+slot. The order of the hand-out, one place for both classes: carts'
+calls while carts hold fewer than their part, then single quotes' calls of
+whole requests, then of requests that lost a call, then carts' calls while
+no single quote is present; first come, first served within each.
 
 ``OutboundLimiter`` is the seam: the supplier client needs only ``acquire``,
 ``release`` and ``in_use``. ``OutboundSlots`` holds them for one process;
@@ -41,11 +47,76 @@ import asyncio
 import collections
 import math
 import time
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from typing import Final, Protocol
+
+from quoteflow.config import Settings
 
 BROKEN_KEPT: Final = 1024
 """Requests remembered as having lost a call to the slot queue (request ids are unique)."""
+
+SINGLES_LINGER: Final = 0.05
+"""Seconds single quotes count as present after their last slot was given back.
+
+A caller's next single quote comes a few ms after its answer; were carts to
+take every slot in that gap, each single quote would wait for a cart's call
+to end (0.68 x their goodput alone, measured before this rule). 50 ms, one
+call of the lab's at its bench latency, spans the gap on a loaded machine
+and costs carts at most that long on their part once single quotes stop.
+"""
+
+
+class CartPart:
+    """Carts' part of a process's slots beside single quotes (``--cart-slots``; issue 49).
+
+    One rule for ``OutboundSlots`` and ``fleet.FleetSlots``. While single
+    quotes are *present* — a single quote's call holds or waits for a slot,
+    or one gave its slot back less than ``SINGLES_LINGER`` ago — carts
+    together hold at most ``most`` slots; below it a cart's call goes first.
+    With none present, carts may hold every slot; once single quotes come
+    back, slots carts give back go to them until carts are down to ``most``
+    (a call in flight is never cut).
+    """
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.held = 0
+        """Slots carts' calls hold now."""
+        self.singles_until = -math.inf
+        """``time.monotonic()`` until which single quotes count as present with no slot held."""
+        self._wake: asyncio.TimerHandle | None = None
+
+    def singles_gone(self) -> None:
+        """Single quotes just gave their last slot back: present for ``SINGLES_LINGER`` more."""
+        self.singles_until = time.monotonic() + SINGLES_LINGER
+
+    def room(self, singles_busy: bool) -> bool:
+        """Whether a cart's call may take one more slot; ``singles_busy``: one holds or waits."""
+        return self.held < self.most or (
+            not singles_busy and time.monotonic() >= self.singles_until
+        )
+
+    def spare(self, singles_busy: bool) -> float:
+        """How many more slots carts' calls may take now (inf: every one)."""
+        if singles_busy or time.monotonic() < self.singles_until:
+            return max(0, self.most - self.held)
+        return math.inf
+
+    def wake_after_linger(self, singles_busy: bool, wake: Callable[[], None]) -> None:
+        """Call ``wake`` when single quotes' linger is over, if only it holds carts back now.
+
+        Without it a slot left free for single quotes that did not come back
+        would wait for the next slot given back before a cart's call got it.
+        """
+        if self._wake is not None or singles_busy or self.held < self.most:
+            return
+        left = self.singles_until - time.monotonic()
+        if left > 0:
+            self._wake = asyncio.get_running_loop().call_later(left, self._woken, wake)
+
+    def _woken(self, wake: Callable[[], None]) -> None:
+        self._wake = None
+        wake()
 
 
 class Patience(Protocol):
@@ -162,15 +233,18 @@ class OutboundLimiter(Protocol):
 
         False: the attempt could no longer finish in time and holds nothing.
         Without ``patience`` it waits until a slot comes. A cancelled wait holds nothing.
-        ``later``: a cart's call, served after every single quote's call that can use the slot.
+        ``later``: a cart's call, served by the carts' part of the slots (``CartPart``).
         """
         ...
 
-    def release(self, supplier: str) -> None:
-        """The attempt at ``supplier`` is over: its slot is free for the next one."""
+    def release(self, supplier: str, *, later: bool = False) -> None:
+        """The attempt at ``supplier`` is over: its slot is free for the next one.
+
+        ``later`` as the slot was taken: a cart's call gives back a cart's slot.
+        """
         ...
 
-    def try_acquire(self, supplier: str) -> bool:
+    def try_acquire(self, supplier: str, *, later: bool = False) -> bool:
         """A slot for ``supplier`` now if one is free within its share, else False: no wait."""
         ...
 
@@ -179,25 +253,34 @@ class OutboundLimiter(Protocol):
         ...
 
 
-class OutboundSlots:
-    """``limit`` slots shared by every supplier, at most its share held by any one."""
+Queue = collections.deque[tuple[str, asyncio.Future[bool], str | None]]
 
-    def __init__(self, limit: int, shares: Mapping[str, int]) -> None:
+
+class OutboundSlots:
+    """``limit`` slots shared by every supplier, at most its share held by any one.
+
+    ``cart_slots``: the carts' part (``CartPart``); 0, carts get only what no
+    single quote's call can use.
+    """
+
+    def __init__(self, limit: int, shares: Mapping[str, int], *, cart_slots: int = 0) -> None:
         self.limit = limit
         self.free = limit
         self._share = dict(shares)
         self._held = dict.fromkeys(shares, 0)
         self._current = set(shares)
-        self._waiting: collections.deque[tuple[str, asyncio.Future[bool], str | None]] = (
-            collections.deque()
-        )
-        self._later: collections.deque[tuple[str, asyncio.Future[bool], str | None]] = (
-            collections.deque()
-        )
-        """Carts' calls waiting: served once no call in ``_waiting`` can use a slot."""
+        self._waiting: Queue = collections.deque()
+        self._later: Queue = collections.deque()
+        """Carts' calls waiting, served as ``CartPart`` says."""
+        self.carts = CartPart(cart_slots)
         self._impatience = Impatience()
         self._broken: collections.OrderedDict[str, None] = collections.OrderedDict()
         """Requests that lost a call to the queue (the newest ``BROKEN_KEPT``): served last."""
+
+    @classmethod
+    def of(cls, settings: Settings, shares: Mapping[str, int]) -> OutboundSlots:
+        """The slots ``settings`` ask for: the outbound limit, and the carts' part of it."""
+        return cls(settings.outbound_limit, shares, cart_slots=settings.carts_part)
 
     def share(self, supplier: str) -> int:
         """Slots ``supplier`` may hold at once."""
@@ -236,6 +319,10 @@ class OutboundSlots:
         """Slots ``supplier``'s attempts hold now."""
         return self._held[supplier]
 
+    def _singles_busy(self) -> bool:
+        """Whether a single quote's call holds a slot or waits for one."""
+        return bool(self._waiting) or self.limit - self.free > self.carts.held
+
     async def acquire(
         self, supplier: str, patience: Patience | None = None, *, later: bool = False
     ) -> bool:
@@ -243,15 +330,22 @@ class OutboundSlots:
 
         With ``patience``, the wait ends False — holding nothing, out of the
         queue — once the attempt could no longer finish in time. ``later``
-        (a cart's call) waits behind every single quote's call.
+        (a cart's call) waits as ``CartPart`` says.
         """
         if self.free and self._held[supplier] < self._share[supplier]:
             # Nobody waiting could use this slot: release() hands a slot to
             # every waiter it fits the moment it frees, so whoever still waits
-            # is waiting for their own supplier's share.
-            self.free -= 1
-            self._held[supplier] += 1
-            return True
+            # is waiting for their own supplier's share (or, a cart's call,
+            # for the carts' part).
+            if not later:
+                self.free -= 1
+                self._held[supplier] += 1
+                return True
+            if self.carts.room(self._singles_busy()):
+                self.free -= 1
+                self._held[supplier] += 1
+                self.carts.held += 1
+                return True
         granted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         request_id = None if patience is None else patience.request_id
         if patience is not None and not self._impatience.watch(patience, granted):
@@ -262,12 +356,15 @@ class OutboundSlots:
         # A cart loses lines to the queue as a matter of course: it marks nothing.
         queue = self._later if later else self._waiting
         queue.append(entry)
+        if later and self.free:  # a free slot only single quotes' linger may keep
+            self.carts.wake_after_linger(self._singles_busy(), self._linger_over)
         try:
             if await granted:
                 return True
         except asyncio.CancelledError:
             if granted.done() and not granted.cancelled() and granted.result():
-                self.release(supplier)  # handed a slot, then cancelled before using it
+                # handed a slot, then cancelled before using it
+                self.release(supplier, later=later)
             else:
                 queue.remove(entry)
                 self._impatience.forget(granted)
@@ -277,13 +374,18 @@ class OutboundSlots:
             self._lost(request_id)
         return False
 
-    def try_acquire(self, supplier: str) -> bool:
+    def try_acquire(self, supplier: str, *, later: bool = False) -> bool:
         """A slot now if one is free and ``supplier`` is under its share (a hedge): never waits.
 
         A free slot is one no waiter could use: ``release`` hands each freed
         slot to the first waiter it fits, so a hedge never takes one from them.
+        A cart's hedge keeps to the carts' part as its first attempt does.
         """
         if self.free and self._held[supplier] < self._share[supplier]:
+            if later:
+                if not self.carts.room(self._singles_busy()):
+                    return False
+                self.carts.held += 1
             self.free -= 1
             self._held[supplier] += 1
             return True
@@ -304,30 +406,44 @@ class OutboundSlots:
         """A supplier's learned time grew: every waiter's patience is read again now."""
         self._impatience.reconsider()
 
-    def release(self, supplier: str) -> None:
+    def release(self, supplier: str, *, later: bool = False) -> None:
         """Give back ``supplier``'s slot, handing it on to the first waiter it fits."""
         self.free += 1
         self._held[supplier] -= 1
+        if later:
+            self.carts.held -= 1
+        elif self.limit - self.free == self.carts.held and not self._waiting:
+            self.carts.singles_gone()  # the last single quote's slot
         if self._waiting or self._later:
             self._hand_out()
 
     def _hand_out(self) -> None:
+        carts = self.carts
+        later = self._later
+        if later and carts.held < carts.most:
+            self._hand_out_to(later, None, carts=True)  # the carts' part comes first
         broken = self._broken or None
         waiting = self._waiting
-        if waiting:
+        if waiting and self.free:
             self._hand_out_to(waiting, broken)
             if broken and self.free and waiting:
                 self._hand_out_to(waiting, None)  # what the whole requests' calls could not use
-        if self.free and self._later:
-            self._hand_out_to(self._later, None)  # what no single quote's call could use
+        if self.free and later:
+            self._hand_out_to(later, None, carts=True)  # what no single quote's call could use
+            if self.free and later:
+                self.carts.wake_after_linger(self._singles_busy(), self._linger_over)
+
+    def _linger_over(self) -> None:
+        if self._later:
+            self._hand_out()
 
     def _hand_out_to(
-        self,
-        waiting: collections.deque[tuple[str, asyncio.Future[bool], str | None]],
-        passed_over: Container[str | None] | None,
+        self, waiting: Queue, passed_over: Container[str | None] | None, *, carts: bool = False
     ) -> None:
         index = 0
         while self.free and index < len(waiting):
+            if carts and not self.carts.room(self._singles_busy()):
+                return
             supplier, granted, request_id = waiting[index]
             if (
                 granted.done()  # cancelled or given up, about to leave
@@ -340,4 +456,6 @@ class OutboundSlots:
             del waiting[index]
             self.free -= 1
             self._held[supplier] += 1
+            if carts:
+                self.carts.held += 1
             granted.set_result(True)

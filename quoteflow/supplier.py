@@ -146,7 +146,7 @@ class SupplierClient:
         self._listener = attempts
         self._settings = settings
         if slots is None:
-            slots = OutboundSlots(settings.outbound_limit, catalogue.shares())
+            slots = OutboundSlots.of(settings, catalogue.shares())
         self._slots = slots
         self._wire = Wire(
             session,
@@ -429,7 +429,7 @@ class SupplierClient:
                     if authorization is None:
                         return NO_TOKEN
             # One wait for both the shared slot and room in the supplier's share; a
-            # cart's call waits behind single quotes' (``slots.py``).
+            # cart's call waits in the carts' part (``slots.CartPart``).
             if not (
                 await self._slots.acquire(trace.supplier, patience)
                 if not trace.lines
@@ -439,7 +439,7 @@ class SupplierClient:
                 return NO_SLOT_IN_TIME
             if pauses.active and pauses.until(trace.supplier) is not None:
                 # Paused while this attempt waited: the wave that got the 429 was enough.
-                self._slots.release(trace.supplier)
+                self._slots.release(trace.supplier, later=bool(trace.lines))
                 return PAUSED
         try:
             started = time.monotonic()
@@ -478,7 +478,10 @@ class SupplierClient:
             state.cut(call, trace, attempt, waiting_since, started, self._slots, hedge)
             raise
         finally:
-            self._slots.release(trace.supplier)
+            if not trace.lines:
+                self._slots.release(trace.supplier)
+            else:  # a cart's slot, back to the carts' part
+                self._slots.release(trace.supplier, later=True)
         if isinstance(fetched, bytes):
             fetched = self._wire.decode(state, fetched, trace.supplier, call)
         elif isinstance(fetched, Answer):

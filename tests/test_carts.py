@@ -363,6 +363,80 @@ async def test_a_single_quote_gets_the_next_slot_before_a_carts_waiting_calls(
     assert single[0] < 8
 
 
+class ClassMeter:
+    """Counted on the suppliers' side: carts' calls (SKUs ``C-``) in flight, single quotes' too."""
+
+    def __init__(self, suppliers: FakeSuppliers, seconds: float) -> None:
+        self.carts = self.singles = 0
+        self.carts_most_beside_singles = 0
+        """Most carts' calls in flight while a single quote's call was in flight."""
+        self.carts_most = 0
+        self.slots_full = asyncio.Event()
+        """Set once single quotes' calls alone held all 6 slots."""
+        slow = fakes.delay(seconds, fakes.quote())
+
+        async def counted(request: Any) -> Any:
+            cart = request.query["sku"].startswith("C-")
+            if cart:
+                self.carts += 1
+            else:
+                self.singles += 1
+                if self.singles == 6:
+                    self.slots_full.set()
+            self.carts_most = max(self.carts_most, self.carts)
+            if self.singles:
+                self.carts_most_beside_singles = max(self.carts_most_beside_singles, self.carts)
+            try:
+                return await slow(request)
+            finally:
+                if cart:
+                    self.carts -= 1
+                else:
+                    self.singles -= 1
+
+        for name in ("atlas", "boreal", "cedar"):
+            suppliers.always(name, counted)
+
+
+async def test_carts_keep_to_their_slots_beside_single_quotes_and_are_never_starved(
+    start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
+) -> None:
+    """Single quotes fill every slot: a cart still gets its 2 and completes; never more."""
+    meter = ClassMeter(suppliers, 0.03)
+    client = await start_quoteflow(cart_budget=3.0, budget=2.0, breaker_failures=0)
+    answers: list[int] = []
+    carted = asyncio.Event()
+
+    async def single_quotes(n: int) -> None:
+        while not carted.is_set():
+            response = await client.post("/api/quotes", json={"sku": f"S-{n}"})
+            answers.append(response.status)
+
+    # 6 callers of 3 calls each want 18 slots of 6, as long as the cart runs.
+    callers = [asyncio.create_task(single_quotes(n)) for n in range(6)]
+    await asyncio.wait_for(meter.slots_full.wait(), 1.0)
+    status, answer = await post_cart(client, cart(*(f"C-{n:02d}" for n in range(8))))
+    carted.set()
+    await asyncio.gather(*callers)
+    assert status == 200
+    assert all(len(line["quotes"]) == 3 for line in answer["lines"])
+    assert meter.carts_most_beside_singles == meter.carts_most == 2  # its part, no more
+    assert answers
+    assert set(answers) == {200}
+
+
+async def test_an_idle_service_gives_a_cart_every_slot(
+    start_quoteflow: StartQuoteFlow, suppliers: FakeSuppliers
+) -> None:
+    """With no single quote about, a cart's calls take all 6 slots, not only their part."""
+    meter = ClassMeter(suppliers, 0.03)
+    client = await start_quoteflow(cart_budget=3.0, breaker_failures=0)
+    status, answer = await post_cart(client, cart(*(f"C-{n:02d}" for n in range(12))))
+    assert status == 200
+    assert all(len(line["quotes"]) == 3 for line in answer["lines"])
+    assert meter.carts_most == 6
+
+
 # -- callers ---------------------------------------------------------------------
 
 

@@ -46,12 +46,24 @@ def test_environment_is_read_and_flags_win() -> None:
         ([], {"QUOTEFLOW_OUTBOUND_LIMIT": "many"}),
         (["--provider-url", "ftp://x"], {}),
         (["--port", "70000"], {}),
+        (["--cart-slots", "0"], {}),
+        ([], {"QUOTEFLOW_CART_SLOTS": "6"}),  # the whole outbound limit: none left for singles
+        (["--cart-slots", "2", "--outbound-limit", "2"], {}),
     ],
 )
 def test_bad_values_are_refused(argv: list[str], environ: dict[str, str]) -> None:
     """A value QuoteFlow cannot run with is a ConfigError naming it."""
     with pytest.raises(ConfigError):
         parse_settings(argv, environ)
+
+
+def test_the_carts_part_is_2_unless_set_and_always_leaves_single_quotes_a_slot() -> None:
+    """--cart-slots: 2 by default, one below a smaller outbound limit, else as given."""
+    assert parse_settings([], {}).carts_part == 2
+    assert parse_settings(["--outbound-limit", "2"], {}).carts_part == 1
+    assert parse_settings(["--outbound-limit", "1"], {}).carts_part == 0
+    assert parse_settings(["--cart-slots", "5"], {}).carts_part == 5
+    assert parse_settings([], {"QUOTEFLOW_CART_SLOTS": "1"}).carts_part == 1
 
 
 def test_bad_value_stops_start_up_with_one_line() -> None:

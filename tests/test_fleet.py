@@ -40,6 +40,7 @@ from quoteflow.fleet import (
 )
 from quoteflow.fleet.client import blocking_client
 from quoteflow.fleet.release import release_process
+from quoteflow.slots import SINGLES_LINGER
 from tests.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -1069,3 +1070,83 @@ async def test_a_workers_single_quotes_wait_ahead_of_its_carts_calls() -> None:
         await asyncio.sleep(0)
     await asyncio.wait_for(asyncio.gather(*waiting), 1)
     assert order == ["single", "cart"]
+
+
+async def test_a_workers_carts_keep_to_their_part_go_first_below_it_and_get_slots_back() -> None:
+    """Leases in force: carts hold at most --cart-slots beside single quotes, as in one process."""
+    syncs: list[float] = []
+    slots = FleetSlots(
+        6,
+        dict.fromkeys(SUPPLIERS, 6),
+        SUPPLIERS,
+        need_sync=syncs.append,
+        lapsed=lambda: None,
+        rejoin=5.0,
+        narrow=0.0,
+        cart_slots=2,
+    )
+    atlas, boreal, cedar = SUPPLIERS
+
+    async def settle() -> None:
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    def sync(granted: list[int]) -> None:  # a sync's answer, leases in force
+        slots.apply(granted, [6] * 3, 6, [0] * 3, [0] * 3, False, time.monotonic(), 1)
+
+    sync([2, 2, 2])
+    await slots.acquire(atlas)  # a single quote's call
+    taken = [asyncio.create_task(slots.acquire(s, later=True)) for s in (atlas, boreal, boreal)]
+    await settle()
+    assert [task.done() for task in taken] == [True, True, False]  # a leased boreal slot idles
+    assert await asyncio.wait_for(slots.acquire(boreal), 0.1)  # ...for a single quote
+    single = asyncio.create_task(slots.acquire(boreal))
+    await settle()
+    slots.release(boreal, later=True)  # carts below their part: their call first
+    await settle()
+    assert (taken[2].done(), single.done()) == (True, False)
+    slots.release(boreal, later=True)
+    await settle()
+    assert single.done()
+    for supplier in (atlas, boreal, boreal):  # the single quotes end; one cart's call runs on
+        slots.release(supplier)
+    more = [asyncio.create_task(slots.acquire(s, later=True)) for s in (boreal, cedar, cedar)]
+    await settle()
+    assert [task.done() for task in more] == [True, False, False]  # single quotes' linger
+    syncs.clear()
+    await asyncio.sleep(SINGLES_LINGER + 0.02)
+    assert 0.0 in syncs  # the linger over: a sync at once, whose answer hands idle slots over
+    sync([0, 0, 0])
+    await settle()
+    assert all(task.done() for task in more)
+    assert (slots.carts.held, slots.in_use) == (4, 4)
+
+
+async def test_a_leased_slot_no_waiting_single_quote_can_use_goes_to_a_cart_beyond_its_part() -> (
+    None
+):
+    """A lease serves one supplier: kept for single quotes waiting for another, it would idle."""
+    slots = FleetSlots(
+        6,
+        dict.fromkeys(SUPPLIERS, 6),
+        SUPPLIERS,
+        need_sync=lambda _: None,
+        lapsed=lambda: None,
+        rejoin=5.0,
+        narrow=0.0,
+        cart_slots=1,
+    )
+    atlas, boreal, cedar = SUPPLIERS
+    slots.apply([1, 1, 0], [6] * 3, 6, [0] * 3, [0] * 3, False, time.monotonic(), 1)
+    await slots.acquire(atlas)  # a single quote's call
+    await slots.acquire(boreal, later=True)  # the carts' part
+    single = asyncio.create_task(slots.acquire(cedar))  # no cedar lease yet
+    cart = asyncio.create_task(slots.acquire(atlas, later=True))
+    await asyncio.sleep(0)
+    assert not cart.done()
+    slots.release(atlas)
+    await asyncio.sleep(0)
+    assert cart.done()
+    assert (slots.carts.held, single.done()) == (2, False)
+    single.cancel()
+    await asyncio.gather(single, return_exceptions=True)

@@ -78,6 +78,7 @@ PACKAGE_LAYERS = {
         "script",
         "deadline",
         "leases",
+        "trade",
         "waiters",
         "idle",
         "safe",

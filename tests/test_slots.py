@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from quoteflow.slots import OutboundSlots
+from quoteflow.slots import SINGLES_LINGER, OutboundSlots
 
 SUPPLIERS = ("atlas", "boreal", "cedar")
 
@@ -146,9 +146,9 @@ async def test_a_carts_waiting_calls_let_single_quotes_go_first() -> None:
     assert slots.in_use == 0
 
 
-async def test_a_carts_call_still_gets_a_slot_no_single_quote_can_use() -> None:
+async def test_a_carts_call_below_the_carts_part_gets_a_slot_no_single_quote_can_use() -> None:
     """A single quote waiting for its supplier's share does not hold a cart's call back."""
-    slots = OutboundSlots(2, dict.fromkeys(SUPPLIERS, 1))
+    slots = OutboundSlots(2, dict.fromkeys(SUPPLIERS, 1), cart_slots=1)
     await slots.acquire("atlas")
     await slots.acquire("boreal")
     single = asyncio.create_task(slots.acquire("atlas"))  # atlas is at its share
@@ -161,3 +161,80 @@ async def test_a_carts_call_still_gets_a_slot_no_single_quote_can_use() -> None:
     slots.release("atlas")
     await settle()
     assert single.done()
+
+
+async def take(slots: OutboundSlots, supplier: str, later: bool) -> asyncio.Task[bool]:
+    task = asyncio.create_task(slots.acquire(supplier, later=later))
+    await settle()
+    return task
+
+
+async def test_carts_hold_at_most_their_part_while_single_quotes_are_present() -> None:
+    """Beside one single quote's call, carts hold 2 of 6 slots; the rest stay the singles'."""
+    slots = OutboundSlots(6, dict.fromkeys(SUPPLIERS, 6), cart_slots=2)
+    await slots.acquire("atlas")  # a single quote's call
+    carts = [await take(slots, SUPPLIERS[n % 3], True) for n in range(5)]
+    assert [cart.done() for cart in carts] == [True, True, False, False, False]
+    assert (slots.carts.held, slots.in_use) == (2, 3)
+    singles = [await take(slots, supplier, False) for supplier in SUPPLIERS]
+    assert all(single.done() for single in singles)  # the free slots were theirs at once
+    for supplier in ("atlas", "atlas", "boreal", "cedar"):
+        slots.release(supplier)  # single quotes end; their linger keeps carts at 2
+        await settle()
+    assert (slots.carts.held, slots.in_use) == (2, 2)
+    slots.release(SUPPLIERS[0], later=True)  # a cart's call ends: the next cart's takes it
+    await settle()
+    assert [cart.done() for cart in carts] == [True, True, True, False, False]
+    assert slots.carts.held == 2
+
+
+async def test_single_quotes_filling_every_slot_never_starve_carts() -> None:
+    """Below their part, carts' calls go before single quotes' calls; above it, after."""
+    slots = OutboundSlots(3, dict.fromkeys(SUPPLIERS, 3), cart_slots=1)
+    for supplier in SUPPLIERS:
+        await slots.acquire(supplier)
+    single = await take(slots, "atlas", False)
+    carts = [await take(slots, "boreal", True) for _ in range(2)]
+    slots.release("cedar")
+    await settle()
+    assert (carts[0].done(), single.done(), carts[1].done()) == (True, False, False)
+    slots.release("boreal")
+    await settle()
+    assert (single.done(), carts[1].done()) == (True, False)  # carts are at their part
+    slots.release("boreal", later=True)
+    await settle()
+    assert carts[1].done()
+    assert (slots.carts.held, slots.in_use) == (1, 3)
+
+
+async def test_with_no_single_quote_carts_use_every_slot_and_single_quotes_get_them_back() -> None:
+    """Idle, a cart takes every slot; once single quotes come, carts shrink back to their part."""
+    slots = OutboundSlots(4, dict.fromkeys(SUPPLIERS, 4), cart_slots=1)
+    for _ in range(4):
+        assert await asyncio.wait_for(slots.acquire("atlas", later=True), 0.1)
+    assert slots.carts.held == 4
+    singles = [await take(slots, "boreal", False) for _ in range(3)]
+    cart = await take(slots, "atlas", True)
+    for handed in range(1, 4):
+        slots.release("atlas", later=True)
+        await settle()
+        assert sum(single.done() for single in singles) == handed
+        assert not cart.done()
+    assert slots.carts.held == 1
+    slots.release("atlas", later=True)  # down to no slot: the cart's call goes first
+    await settle()
+    assert cart.done()
+    assert slots.carts.held == 1
+
+
+async def test_carts_get_the_free_slots_back_once_single_quotes_are_gone() -> None:
+    """Single quotes count as present for SINGLES_LINGER after their last slot; then carts."""
+    slots = OutboundSlots(4, dict.fromkeys(SUPPLIERS, 4), cart_slots=1)
+    await slots.acquire("atlas")  # a single quote's
+    carts = [await take(slots, "boreal", True) for _ in range(3)]
+    assert [cart.done() for cart in carts] == [True, False, False]
+    slots.release("atlas")
+    await settle()
+    assert not carts[1].done()  # its caller's next single quote may be on its way
+    await asyncio.wait_for(asyncio.gather(*carts), SINGLES_LINGER + 0.1)
+    assert (slots.carts.held, slots.in_use) == (3, 3)

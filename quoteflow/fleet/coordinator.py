@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from quoteflow.catalogue import default_share as default_share_of
 from quoteflow.config import Settings
 from quoteflow.fleet.budget import FleetHedgeBudget, FleetRetryBudget, rehedge
 from quoteflow.fleet.client import discovery_limit, redis_client
@@ -78,9 +79,7 @@ class Coordinator:
         """This worker's statement of the fleet's settings, and the hosts that differ."""
         self.channel = f"{prefix}:freed"
         self._suppliers = tuple(suppliers)
-        default_share = settings.supplier_share or max(
-            1, settings.outbound_limit - (len(self._suppliers) - 1)
-        )
+        default_share = default_share_of(settings, len(self._suppliers))
         self.shares = {
             supplier: default_share if shares is None else shares[supplier]
             for supplier in self._suppliers
@@ -104,6 +103,7 @@ class Coordinator:
             # within _call_most more. Until then it may be on its own.
             rejoin=RECONNECT + 2 * self._call_most,
             narrow=LEASE_TRUST + settings.budget,
+            cart_slots=settings.carts_part,
         )
         self.budgets = {s: self._retry_budget(self.capacities[s]) for s in self._suppliers}
         self.hedge_budgets: dict[str, FleetHedgeBudget] = {}

@@ -10,8 +10,9 @@ from collections.abc import Callable, Iterable, Mapping
 from quoteflow.fleet.idle import IdleClock
 from quoteflow.fleet.safe import capped_wants, safe_share, trimmed_leases
 from quoteflow.fleet.timing import LEASE_TRUST, LINGER, POLL
+from quoteflow.fleet.trade import lopsided
 from quoteflow.fleet.waiters import LocalWaiters
-from quoteflow.slots import Patience
+from quoteflow.slots import CartPart, Patience
 
 JOINING, FLEET, LOCAL = "joining", "fleet", "local"
 """Modes of ``FleetSlots``: before the first sync, leases in force, on its own (safe share)."""
@@ -37,8 +38,11 @@ class FleetSlots:
         lapsed: Callable[[], None],
         rejoin: float,
         narrow: float,
+        cart_slots: int = 0,
     ) -> None:
         self.limit = limit
+        self.carts = CartPart(cart_slots)
+        """This worker's carts' part of its slots, as ``OutboundSlots``' (``--cart-slots``)."""
         self.shares = dict(shares)
         """Each supplier's share of the fleet's slots, as this worker's catalogue states it."""
         self.mode = JOINING
@@ -75,7 +79,7 @@ class FleetSlots:
         self._recorded = dict.fromkeys(self._held, 0)
         """What Redis counts as ours after the last sync, per supplier."""
         self.valid_until = -math.inf
-        self._waiters = LocalWaiters(self._held)
+        self._waiters = LocalWaiters(self._held, self.carts, self._linger_over)
         self._need_sync = need_sync
         self._lapsed = lapsed
 
@@ -95,29 +99,29 @@ class FleetSlots:
 
         With ``patience``, the wait ends False — holding nothing, out of this
         worker's queue — once the attempt could no longer finish in time.
-        ``later`` (a cart's call) waits behind this worker's single quotes' calls.
+        ``later`` (a cart's call) waits as ``slots.CartPart`` says, in this worker.
         """
         if (
             self.mode == FLEET
             and self._held[supplier] < self.leased[supplier]
-            and not self._waiters.queued(supplier)
+            and self._waiters.may_take(supplier, later, self.in_use)
         ):
             if time.monotonic() < self.valid_until:
-                self._take(supplier)
+                self._take(supplier, later)
                 return True
             self._lapsed()  # no renewal in time: Redis may have given these away
         if (
             self.mode == LOCAL
             and self.in_use < self.local_limit
             and self._held[supplier] < self.local_share[supplier]
-            and not self._waiters.queued(supplier)
+            and self._waiters.may_take(supplier, later, self.in_use)
         ):
-            self._take(supplier)
+            self._take(supplier, later)
             return True
         granted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         if patience is not None and not self._waiters.watch(patience, granted):
             return False  # too late already: never queued, never announced
-        waiter = self._waiters.join(supplier, granted, later=later)
+        waiter = self._waiters.join(supplier, granted, later=later, in_use=self.in_use)
         if self.mode != LOCAL:
             # At once if the last sync saw a slot we could get, or Redis does
             # not know yet that we wait (then nobody would tell us of a freed
@@ -130,7 +134,7 @@ class FleetSlots:
                 return True
         except asyncio.CancelledError:
             if granted.done() and not granted.cancelled() and granted.result():
-                self.release(supplier)  # handed a slot, then cancelled before using it
+                self.release(supplier, later=later)  # handed a slot, then cancelled before using it
             else:
                 self._waiters.leave(supplier, waiter)  # unless a hand-out passed over it
                 self._waiters.forget(granted)
@@ -146,13 +150,13 @@ class FleetSlots:
         """A supplier's learned time grew: every waiter's patience is read again now."""
         self._waiters.reconsider()
 
-    def try_acquire(self, supplier: str) -> bool:
+    def try_acquire(self, supplier: str, *, later: bool = False) -> bool:
         """A slot now (a hedge): an idle leased one, or room on its own share; never waits."""
-        if self._waiters.queued(supplier):
+        if not self._waiters.may_take(supplier, later, self.in_use):
             return False
         if self.mode == FLEET and self._held[supplier] < self.leased[supplier]:
             if time.monotonic() < self.valid_until:
-                self._take(supplier)
+                self._take(supplier, later)
                 return True
             return False
         if (
@@ -160,21 +164,33 @@ class FleetSlots:
             and self.in_use < self.local_limit
             and self._held[supplier] < self.local_share[supplier]
         ):
-            self._take(supplier)
+            self._take(supplier, later)
             return True
         return False
 
-    def release(self, supplier: str) -> None:
+    def release(self, supplier: str, *, later: bool = False) -> None:
         """Give back ``supplier``'s slot: to Redis if we hold too many, else to a local waiter."""
         self._held[supplier] -= 1
         self.in_use -= 1
+        if later:
+            self.carts.held -= 1
+        elif self.in_use == self.carts.held:
+            self.carts.singles_gone()  # this worker's last single quote's slot
         if self.mode == FLEET and time.monotonic() >= self.valid_until:
             self._lapsed()  # handing the slot on would use a lease Redis may have given away
         if self.mode == FLEET:
             if (
                 self.leased[supplier] > self.allowed[supplier]
                 or self.leased_total > self.allowed_total
-                or self._lopsided(supplier)
+                or lopsided(
+                    supplier,
+                    self.leased,
+                    self.leased_total,
+                    self.allowed_total,
+                    self.free,
+                    self.grantable,
+                    self._waiters.live,
+                )
             ):
                 # Above our fair part while others wait, or worth more as a
                 # slot of a supplier we lack: back to the fleet, not on locally.
@@ -222,7 +238,7 @@ class FleetSlots:
                 keep = max(keep, min(self.leased[supplier], self.allowed[supplier]))
             self.leased[supplier] = self._recorded[supplier] = keep
             self._idle.update(supplier, self._held[supplier], self.leased[supplier])
-            self._reported[supplier] = self._waiters.live(supplier)
+            self._reported[supplier] = self._waiters.wanted(supplier, self.in_use)
             held.append(keep)
             want.append(self._reported[supplier])
         self.leased_total = sum(self.leased.values())
@@ -439,44 +455,31 @@ class FleetSlots:
         if self.unmet[supplier] and not self._waiters.live(supplier):
             self._need_sync(LINGER)  # worth_syncing finds unmet without waiters
 
-    def _lopsided(self, supplier: str) -> bool:
-        """Whether a freed slot of ``supplier`` should go back so a supplier we lack gets one.
-
-        Every request asks every supplier: a worker whose leases are two of
-        cedar and none of atlas, with atlas waiters, finishes nothing until an
-        atlas slot comes. At its whole allowance, with the limit taken, no
-        grant comes unless it gives a slot back. Traded only when the last
-        sync found atlas grantable but for the limit (its share has room, our
-        part of it too): the sync that takes the cedar slot back then grants
-        the supplier we hold fewest of first (``sync.lua``).
-        """
-        mine = self.leased[supplier]
-        if mine < 2 or self.leased_total < self.allowed_total:
-            return False
-        return any(
-            self.leased[other] + 1 < mine
-            and not self.free[other]  # else its waiters' own sync gets it, nothing to trade
-            and self.grantable[other]  # else Redis would hand back the same supplier
-            and self._waiters.live(other)
-            for other in self._held
-            if other != supplier
-        )
-
-    def _take(self, supplier: str) -> None:
+    def _take(self, supplier: str, later: bool) -> None:
         self._held[supplier] += 1
         self.in_use += 1
+        if later:
+            self.carts.held += 1
         self._idle.taken(supplier, self._held[supplier], self.leased[supplier])
 
     def linger_left(self) -> float:
         """Seconds until the oldest idle slot has been idle for ``LINGER`` (inf: none is)."""
         return self._idle.linger_left()
 
+    def _linger_over(self) -> None:
+        """Carts may take more now: idle slots to them; a sync tells Redis they want more."""
+        if self.mode == LOCAL:
+            self._hand_out_local()
+        else:
+            self._need_sync(0.0)
+
     def _hand_over(self, supplier: str) -> bool:
         """The slot just freed (or granted) goes to ``supplier``'s first waiter that can use it."""
-        granted = self._waiters.next_ready(supplier)
-        if granted is None:
+        found = self._waiters.next_ready(supplier, self.in_use)
+        if found is None:
             return False
-        self._take(supplier)
+        granted, later = found
+        self._take(supplier, later)
         granted.set_result(True)
         return True
 
@@ -484,11 +487,11 @@ class FleetSlots:
         """On its own: the oldest waiter whose supplier is within its safe share, while room is."""
         while self.in_use < self.local_limit:
             turn = self._waiters.next_in_turn(
-                lambda supplier: self._held[supplier] < self.local_share[supplier]
+                lambda supplier: self._held[supplier] < self.local_share[supplier], self.in_use
             )
             if turn is None:
                 return
-            supplier, granted = turn
+            supplier, granted, later = turn
             if self._waiters.ready(granted):  # else too late to use it: answered False
-                self._take(supplier)
+                self._take(supplier, later)
                 granted.set_result(True)
