@@ -112,9 +112,13 @@ def _imports(module: str) -> set[str]:
             if not (isinstance(node, ast.ImportFrom) and node.module):
                 continue
             if node.module.startswith("quoteflow"):
-                found.add(node.module.removeprefix("quoteflow").lstrip("."))
+                inside = node.module.removeprefix("quoteflow").lstrip(".")
                 if node.module == "quoteflow":
                     found.update(alias.name for alias in node.names)
+                elif inside in PACKAGE_LAYERS:  # a sub-package's modules, by name
+                    found.update(f"{inside}.{alias.name}" for alias in node.names)
+                else:
+                    found.add(inside)
     return {name for name in found if name}
 
 

@@ -11,26 +11,22 @@ from typing import TYPE_CHECKING, Any
 
 from quoteflow.catalogue import default_share as default_share_of
 from quoteflow.config import Settings
+from quoteflow.fleet import timing
 from quoteflow.fleet.budget import FleetHedgeBudget, FleetRetryBudget, rehedge
 from quoteflow.fleet.client import discovery_limit, redis_client
 from quoteflow.fleet.deadline import LoopFairTimeout
 from quoteflow.fleet.hosts import HostCheck, worker_identity
 from quoteflow.fleet.leases import LOCAL, FleetSlots
 from quoteflow.fleet.listener import listen, pause_of
-from quoteflow.fleet.script import HEAD, HEDGE_ENTRY, PER, SCRIPT, SERVER_CHECK, entry, keys
-from quoteflow.fleet.timing import (
-    FIRST_SYNC_TRIPS,
-    HEARTBEAT,
-    JOIN_PATIENCE,
-    LATE_LOOP_MOST,
-    LEASE_TRUST,
-    LISTEN_WAKE,
-    POLL,
-    QUIET,
-    RECONNECT,
-    RETRY_SOON,
-    TTL,
-    WANT_FRESH,
+from quoteflow.fleet.script import (
+    HEAD,
+    HEDGE_ENTRY,
+    PER,
+    SCRIPT,
+    SERVER_CHECK,
+    entry,
+    keys,
+    text,
 )
 from quoteflow.logs import log_event
 from quoteflow.pauses import Pauses
@@ -88,9 +84,10 @@ class Coordinator:
             supplier: settings.retry_budget_capacity if capacities is None else capacities[supplier]
             for supplier in self._suppliers
         }
-        self._first_limit = FIRST_SYNC_TRIPS * settings.redis_timeout + discovery_limit(settings)
+        trips = timing.FIRST_SYNC_TRIPS * settings.redis_timeout
+        self._first_limit = trips + discovery_limit(settings)
         """The time limit of a sync while not up (joining, coming back: the sentinels asked too)."""
-        self._call_most = self._first_limit + LATE_LOOP_MOST
+        self._call_most = self._first_limit + timing.LATE_LOOP_MOST
         """The longest one sync may take: its time limit, and what a busy loop may add."""
         self.slots = FleetSlots(
             settings.outbound_limit,
@@ -101,8 +98,8 @@ class Coordinator:
             # Another worker's last failed try may have just begun: it ends
             # within _call_most, tries again RECONNECT later and reports
             # within _call_most more. Until then it may be on its own.
-            rejoin=RECONNECT + 2 * self._call_most,
-            narrow=LEASE_TRUST + settings.budget,
+            rejoin=timing.RECONNECT + 2 * self._call_most,
+            narrow=timing.LEASE_TRUST + settings.budget,
             cart_slots=settings.carts_part,
         )
         self.budgets = {s: self._retry_budget(self.capacities[s]) for s in self._suppliers}
@@ -123,7 +120,7 @@ class Coordinator:
         """Times the fleet moved to another server; outages this worker spent alone past grace."""
         self.on_switch: list[Callable[[], None]] = []
         """Called when the fleet moved to another server: what was leased from the old is void."""
-        self._checked_at = -math.inf
+        self._checked_at, self._server_id = -math.inf, ""  # when, and which server it saw
         self._past_grace_at = math.inf
         self.workers = 0
         """Live workers the last sync saw, this one included."""
@@ -188,7 +185,7 @@ class Coordinator:
         while self._tasks:
             for task in self._tasks:
                 task.cancel()
-            await asyncio.wait(set(self._tasks), timeout=2 * LISTEN_WAKE)
+            await asyncio.wait(set(self._tasks), timeout=2 * timing.LISTEN_WAKE)
         if self._timer is not None:
             self._timer.cancel()
         if self._redis is None:
@@ -240,9 +237,9 @@ class Coordinator:
                 return
             now = self._loop.time()
             since = now - self._synced_at
-            if self.up and not self._forced and since < HEARTBEAT and not self._worth(since):
-                heartbeat = self._synced_at + HEARTBEAT
-                poll = self._synced_at + POLL if self.slots.waiting else math.inf
+            if self.up and not self._forced and since < timing.HEARTBEAT and not self._worth(since):
+                heartbeat = self._synced_at + timing.HEARTBEAT
+                poll = self._synced_at + timing.POLL if self.slots.waiting else math.inf
                 # A slot idle for less than LINGER was not worth a sync yet;
                 # the check for it must not wait for the heartbeat.
                 idle = now + self.slots.linger_left()
@@ -250,7 +247,7 @@ class Coordinator:
                 continue
             self._forced = False
             self._synced_at = now
-            self._set_due(now + (HEARTBEAT if self.up else RECONNECT))
+            self._set_due(now + (timing.HEARTBEAT if self.up else timing.RECONNECT))
             await self._sync()
 
     def retarget(
@@ -330,19 +327,20 @@ class Coordinator:
         check = not self.up or now >= self._checked_at + SERVER_CHECK
         args: list[str | int] = [
             self.worker_id,
-            round(TTL * 1000),
+            round(timing.TTL * 1000),
             self.settings.outbound_limit,
-            round(WANT_FRESH * 1000),
-            round(QUIET * 1000),
+            round(timing.WANT_FRESH * 1000),
+            round(timing.QUIET * 1000),
             int(self.joined),
             int(leaving),
             self.channel,
             n + len(hedged),
             # At most one "wanted" per poll: starved workers must not wake
             # each other in a loop.
-            int(now >= self._announced_at + POLL),
+            int(now >= self._announced_at + timing.POLL),
             round(self.settings.redis_outage_grace * 1000),
             int(check and not leaving),
+            self._server_id,
         ]
         for index, supplier in enumerate(self._suppliers):
             tokens = self.budgets[supplier].report(leaving)
@@ -367,7 +365,7 @@ class Coordinator:
         self.syncs["late_loop" if deadline.loop_was_late else "ok"] += 1
         self.joined = True
         if check:
-            self._checked_at = now
+            self._checked_at, self._server_id = now, text(reply[7])
         if leaving or self._closing:
             return
         self.workers = int(reply[3])
@@ -405,9 +403,9 @@ class Coordinator:
         """A sync failed: the safe share at once, one warning, and a retry every ``RECONNECT``."""
         if self._closing:
             return
-        now, retry = self._loop.time(), RECONNECT
-        if slow and not self.joined and now < self._started_at + JOIN_PATIENCE:
-            self._set_due(now + RETRY_SOON)  # slow to join is not cut off (JOIN_PATIENCE)
+        now, retry = self._loop.time(), timing.RECONNECT
+        if slow and not self.joined and now < self._started_at + timing.JOIN_PATIENCE:
+            self._set_due(now + timing.RETRY_SOON)  # slow to join is not cut off (JOIN_PATIENCE)
             return
         if now >= self._past_grace_at:
             self._still_alone()
@@ -415,7 +413,7 @@ class Coordinator:
             # The first retry comes soon: after one slow call, a worker that
             # reports again within TTL keeps its record, and what it uses on
             # its own stays counted in Redis, so nobody is granted it.
-            retry = RETRY_SOON
+            retry = timing.RETRY_SOON
             self.up = False
             self._down_since = self._loop.time()
             self._past_grace_at = self._down_since + self.settings.redis_outage_grace
@@ -493,6 +491,7 @@ class Coordinator:
         elif sender == self._id_bytes:
             return
         elif kind == b"switched":
+            self._server_id = ""  # its next look learns the new one without counting it again
             self.switched(sender.decode(errors="replace"))
             self.request_sync(0.0, force=True)  # it must learn what we hold
         elif self.slots.heard(kind):

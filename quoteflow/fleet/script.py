@@ -12,13 +12,15 @@ KEYS, all under the fleet's prefix ``<p>``:
 
 ARGV: worker id, ttl ms, limit, want-fresh ms, quiet ms, joined (0/1),
 leaving (0/1), channel, n entries, may announce ``wanted`` (0/1), outage
-grace ms, check the server (0/1), then per entry: name, held, want, tokens
+grace ms, check the server (0/1), the server this worker last checked (its run
+id, or empty), then per entry: name, held, want, tokens
 deposited, whole tokens to withdraw, tokens in the pool, its share, its
 bucket's capacity. Each supplier is an entry; so is each hedge bucket
 (``HEDGE_ENTRY``: a share of 0, no slots).
 
 Reply: ``HEAD`` fields (quiet, others waiting, allowed total, live workers,
-announced ``wanted``, this worker's rank, switched server), then ``PER``
+announced ``wanted``, this worker's rank, moved to another server since its
+last check, the server's run id when checked), then ``PER``
 fields per supplier (granted, allowed, free, grantable — free but for the
 whole limit —, tokens withdrawn, bucket level); hedge entries follow the
 suppliers.
@@ -35,7 +37,7 @@ SCRIPT: Final = resources.files("quoteflow.fleet").joinpath("sync.lua").read_tex
 HEDGE_ENTRY: Final = "{}#hedge"
 """A hedge bucket's name in Redis: an entry of its own beside the supplier's, holding no slots."""
 
-HEAD: Final = 7
+HEAD: Final = 8
 """Fields of the reply before the first supplier's."""
 PER: Final = 6
 """Fields of the reply per entry."""
@@ -69,3 +71,8 @@ def entry(
     """One entry's eight arguments; ``tokens``: deposited, withdrawn, in the pool."""
     deposit, withdraw, pool = tokens
     return [name, held, want, f"{deposit:.6f}", withdraw, f"{pool:.6f}", share, f"{capacity:.6f}"]
+
+
+def text(value: bytes | str) -> str:
+    """A reply's string field (redis-py gives bytes unless told to decode)."""
+    return value.decode() if isinstance(value, bytes) else value

@@ -5,13 +5,14 @@ local joined, bye = ARGV[6] == '1', ARGV[7] == '1'
 local channel, n = ARGV[8], tonumber(ARGV[9])
 local may_announce = ARGV[10] == '1'
 local grace_ms, check_server = tonumber(ARGV[11]), ARGV[12] == '1'
+local last_server = ARGV[13]
 -- Each supplier's own share and retry bucket size come with every call, as
 -- this worker's catalogue states them: Redis keeps no limit of its own, so a
 -- reload that changes one needs nothing but the next call (redis-cell's way).
 local names, held, want, deposit, withdraw, pool = {}, {}, {}, {}, {}, {}
 local shares, capacities = {}, {}
 for i = 1, n do
-  local b = 12 + 8 * (i - 1)
+  local b = 13 + 8 * (i - 1)
   names[i], held[i], want[i] = ARGV[b + 1], tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
   deposit[i], withdraw[i] = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
   pool[i], shares[i], capacities[i] = tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7]),
@@ -99,9 +100,9 @@ end
 -- from the one the fleet last ran on. Treated as an emptied Redis, and every
 -- rate as just spent (quota.lua reads <p>:switched): no lost write may let a
 -- supplier or a caller receive more than promised.
-local switched = false
+local switched, moved, run_id = false, false, ''
 if check_server then
-  local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+  run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
   local known = redis.call('GET', KEYS[6])
   if known ~= run_id then
     -- Whoever finds it first, a worker just started included: the others learn it.
@@ -111,6 +112,9 @@ if check_server then
     end
     redis.call('SET', KEYS[6], run_id)
   end
+  -- This worker last synced on another server, though the fleet found it out
+  -- already (its message may have gone to a subscription on the old one).
+  moved = switched or (last_server ~= '' and last_server ~= run_id)
 end
 if switched then redis.call('SET', KEYS[7], now, 'PX', 86400000) end
 local quiet = now < epoch + quiet_ms
@@ -197,7 +201,7 @@ if bye then
   for i = 1, n do none[i] = 0 end
   lower(none)
   publish()
-  return {0, 0, 0, #others, 0, 0, 0}
+  return {0, 0, 0, #others, 0, 0, 0, ''}
 end
 
 local mine, my_demand = 0, 0
@@ -328,7 +332,7 @@ redis.call('PEXPIRE', KEYS[5], 10 * ttl + grace_ms)
 local announced = publish()
 
 local reply = {quiet and 1 or 0, others_want > 0 and 1 or 0, allowed_total, #others + 1,
-  announced, rank, switched and 1 or 0}
+  announced, rank, moved and 1 or 0, run_id}
 for i = 1, n do
   local free = math.max(0, math.min(room[i], room_total, cap[i], cap_total))
   -- Could have been granted, were the limit not full: worth trading a slot for.
