@@ -209,3 +209,21 @@ async def test_the_budget_pays_for_a_round_trip_to_a_frozen_redis(
     assert response.status == 200
     assert {"supplier": "boreal", "code": "timeout"} in body["failures"]
     assert REDIS_TIMEOUT <= elapsed <= budget + 0.1  # not budget + redis_timeout
+
+
+async def test_a_switch_of_server_counts_every_rate_as_spent_then_it_refills(
+    redis_server: RedisServer, start_quoteflow: StartQuoteFlow, tmp_path: Path
+) -> None:
+    """The fleet found on another server (here: the fleet's record of its server says another
+    run id, as on a promoted replica) may have lost what callers used: each rate counts as
+    spent whole at that moment, and refills from there at its own pace."""
+    path = write_callers(tmp_path / "c.toml", {"name": "acme", "rate": "4/4s"})
+    workers = await two_workers(start_quoteflow, redis_server, path)
+    assert (await ask(workers[0]))[0] == 200  # 3 of 4 left, had no write been lost
+    assert redis_server.command("SET", "quoteflow:server", "f" * 40) == "+OK"
+    coordinators = [client.app[COORDINATOR] for client in workers]
+    await wait_until(lambda: all(c.switches == 1 for c in coordinators), within=3.0)
+    switched_at = time.monotonic()
+    assert (await ask(workers[1]))[0] == 429
+    await asyncio.sleep(max(0.0, switched_at + 1.1 - time.monotonic()))  # one interval: 1 s
+    assert (await ask(workers[0]))[0] == 200
