@@ -263,21 +263,29 @@ def child_exit(server: Any, worker: Any) -> None:
 
 
 def _release(server: Any, settings: Settings, pid: int) -> None:
-    """Free ``pid``'s records in Redis; on failure, the others free them after the grace."""
-    from quoteflow.fleet.client import blocking_client
-    from quoteflow.fleet.release import release_process
+    """Free ``pid``'s records in Redis from a forked child, and return at once.
 
-    # The master waits on it (gunicorn's loop is not async): a short limit, one try.
-    client = blocking_client(settings, timeout=max(0.5, 4 * settings.redis_timeout))
+    The master imports nothing of the fleet (workers forked after a ``HUP``
+    must import the code deployed then, not inherit the master's) and never
+    waits on Redis; gunicorn reaps the child as an unknown one. On failure
+    the others free the records after the outage grace instead.
+    """
+    if os.fork() != 0:
+        return
     try:
-        freed = release_process(client, settings.redis_prefix, pid)
-    except Exception as exc:  # Redis away: the grace frees them instead
-        server.log.warning("quoteflow: worker %s's slots not freed in Redis: %r", pid, exc)
-    else:
-        if freed:
-            server.log.info("quoteflow: worker %s exited; its slots are free in Redis", pid)
+        from quoteflow.fleet.client import blocking_client
+        from quoteflow.fleet.release import release_process
+
+        client = blocking_client(settings, timeout=max(0.5, 4 * settings.redis_timeout))
+        try:
+            if release_process(client, settings.redis_prefix, pid):
+                server.log.info("quoteflow: worker %s exited; its slots are free in Redis", pid)
+        except Exception as exc:  # Redis away: the grace frees them instead
+            server.log.warning("quoteflow: worker %s's slots not freed in Redis: %r", pid, exc)
+        finally:
+            client.close()
     finally:
-        client.close()
+        os._exit(0)
 
 
 def on_exit(server: Any) -> None:

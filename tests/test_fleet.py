@@ -40,6 +40,7 @@ from quoteflow.fleet import (
 )
 from quoteflow.fleet.client import blocking_client
 from quoteflow.fleet.release import release_process
+from quoteflow.fleet.timing import narrow
 from quoteflow.slots import SINGLES_LINGER
 from tests.redis_server import RedisServer
 
@@ -48,8 +49,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 REDIS_TIMEOUT = 0.2
 """Generous for a loaded test machine: a slow call here must not look like Redis down."""
-NARROW = LEASE_TRUST + Settings().budget
-"""Seconds a worker gone local keeps within its own leases, at the default budget."""
+NARROW = narrow(Settings().budget, Settings().cart_budget)
+"""Seconds a worker gone local keeps within its own leases, at the default budgets."""
+QUICK: dict[str, Any] = {"budget": 0.3, "cart_budget": 0.3}
+"""Short budgets, for tests that wait out a worker's narrowing (``timing.narrow``)."""
 ROTATION_S = 1.0
 """A remainder of a share that does not divide among the workers goes round them this often
 (``sync.lua``)."""
@@ -234,6 +237,9 @@ async def test_a_killed_workers_slots_are_held_back_for_the_grace_then_come_back
         assert (await fleet_held(redis_server))["boreal"] == 4
         process.send_signal(signal.SIGKILL)
         killed = time.monotonic()
+        # Even with the fleet's list of live workers gone (it expires 10 s after the
+        # last sync, as after a long outage), its record lapses by its own time.
+        assert redis_server.command("DEL", "quoteflow:workers") == ":1"
         with pytest.raises(TimeoutError):  # past its record's lapse, still held back
             await asyncio.wait_for(survivor.slots.acquire("boreal"), TTL + 0.3)
         for _ in range(4):
@@ -242,6 +248,25 @@ async def test_a_killed_workers_slots_are_held_back_for_the_grace_then_come_back
         assert (await fleet_held(redis_server))["boreal"] == 4  # all of them ours now
         for _ in range(4):
             survivor.slots.release("boreal")
+
+
+async def test_a_lapsed_worker_of_older_code_is_held_to_the_whole_share(
+    redis_server: RedisServer,
+) -> None:
+    """A record with no safe share beside it (a worker of a release before ghosts, during a
+    rolling upgrade) may have been sending any part of a share, or of the limit: all of it is
+    held back, for the grace only."""
+    grace = 1.0
+    async with redis_client(redis_server) as client:
+        seconds, micros = await client.time()
+        lapsed = seconds * 1000 + micros // 1000 - round(TTL * 1000)  # its record lapses now
+        record = f"atlas 0 0 0 boreal 1 0 0 cedar 0 0 0 {lapsed}"
+        await client.hset("quoteflow:state", "older/1/x", record)
+    async with workers(redis_server, count=1, redis_outage_grace=grace) as (survivor,):
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(survivor.slots.acquire("boreal"), grace / 2)
+        await asyncio.wait_for(survivor.slots.acquire("boreal"), grace + 1.0)
+        survivor.slots.release("boreal")
 
 
 async def test_a_worker_its_master_saw_die_is_freed_at_once(redis_server: RedisServer) -> None:
@@ -448,11 +473,11 @@ async def test_a_worker_on_its_own_keeps_within_its_leases_while_others_may_use_
 
     The other still trusts its leases (it has not synced since) and may start
     attempts on them; the first widens to its safe share only once those
-    leases have lapsed and their attempts are over (``LEASE_TRUST`` + budget).
+    leases have lapsed and their attempts are over (``timing.narrow``).
     """
     process = redis_server.process
     assert process is not None
-    async with workers(redis_server, budget=0.3) as (first, second):
+    async with workers(redis_server, **QUICK) as (first, second):
         for _ in range(4):
             await first.slots.acquire("boreal")
         await second.slots.acquire("cedar")
@@ -469,8 +494,9 @@ async def test_a_worker_on_its_own_keeps_within_its_leases_while_others_may_use_
                 await asyncio.wait_for(second.slots.acquire("boreal"), 0.1)
             second.slots.release("cedar")
             await asyncio.wait_for(second.slots.acquire("cedar"), 0.1)  # its own lease, again
-            await wait_until(lambda: second.slots.local_limit == 3, within=LEASE_TRUST + 0.5)
-            assert time.monotonic() - gone_local >= LEASE_TRUST + 0.3 - 0.05
+            quick = narrow(**QUICK)
+            await wait_until(lambda: second.slots.local_limit == 3, within=quick + 0.5)
+            assert time.monotonic() - gone_local >= quick - 0.05
             assert second.slots.local_share == dict.fromkeys(SUPPLIERS, 2)
         finally:
             os.kill(process.pid, signal.SIGCONT)
@@ -491,14 +517,16 @@ async def test_back_from_its_own_a_worker_asks_for_no_more_than_its_safe_share(
     process = redis_server.process
     assert process is not None
     suppliers = ("atlas", "boreal", "cedar")
-    async with workers(redis_server, budget=0.3) as both:
+    async with workers(redis_server, **QUICK) as both:
         await wait_until(lambda: all(w.slots.workers == 2 for w in both), within=1.0)
         os.kill(process.pid, signal.SIGSTOP)
         try:
             for worker in both:
                 worker.request_sync(0, force=True)
             await wait_until(lambda: all(w.slots.mode == LOCAL for w in both), within=1.0)
-            await wait_until(lambda: all(w.slots.local_limit == 3 for w in both), within=1.5)
+            await wait_until(
+                lambda: all(w.slots.local_limit == 3 for w in both), within=narrow(**QUICK) + 0.5
+            )
             for worker in both:
                 for supplier in suppliers:
                     await asyncio.wait_for(worker.slots.acquire(supplier), 0.1)
@@ -538,12 +566,14 @@ async def test_back_after_a_redis_restart_the_first_worker_still_counts_the_othe
     rule is pinned on its own below (``..._cannot_shrink_the_count_of_workers``).
     """
     suppliers = ("atlas", "boreal", "cedar")
-    async with workers(redis_server, budget=0.3) as both:
+    async with workers(redis_server, **QUICK) as both:
         await wait_until(lambda: all(w.slots.workers == 2 for w in both), within=1.0)
         await asyncio.to_thread(redis_server.stop)
         try:
             await wait_until(lambda: all(w.slots.mode == LOCAL for w in both), within=1.5)
-            await wait_until(lambda: all(w.slots.local_limit == 3 for w in both), within=1.5)
+            await wait_until(
+                lambda: all(w.slots.local_limit == 3 for w in both), within=narrow(**QUICK) + 0.5
+            )
             for worker in both:
                 for supplier in suppliers:
                     await asyncio.wait_for(worker.slots.acquire(supplier), 0.1)
@@ -978,7 +1008,7 @@ async def test_a_worker_cut_off_alone_adds_nothing_to_any_share(
     while the lost one keeps to its safe share, and after it comes back.
     """
     shares = {"atlas": 1, "boreal": 4, "cedar": 2}
-    settings = fleet_settings(redis_server, budget=0.3, outbound_limit=8)
+    settings = fleet_settings(redis_server, outbound_limit=8, **QUICK)
     fleet = [Coordinator(settings, suppliers=SUPPLIERS, shares=shares) for _ in range(2)]
     meter = Meter()
     load: list[asyncio.Task[None]] = []
@@ -1004,7 +1034,7 @@ async def test_a_worker_cut_off_alone_adds_nothing_to_any_share(
         lost._script = no_answer  # type: ignore[assignment]
         await wait_until(lambda: not lost.up, within=2.0)
         # Past its record's lapse and its widening to the safe share, with room.
-        await asyncio.sleep(TTL + LEASE_TRUST + settings.budget + 0.5)
+        await asyncio.sleep(narrow(**QUICK) + 0.5)
         assert lost.slots.safe_limits()[1] == {"atlas": 0, "boreal": 2, "cedar": 1}
         assert all(meter.peak[supplier] <= share for supplier, share in shares.items()), dict(
             meter.peak

@@ -198,15 +198,14 @@ async def test_a_host_whose_settings_differ_is_flagged(redis_server: RedisServer
     try:
         for coordinator in (a, b):
             await coordinator.start()
-        now = round(time.time() * 1000)
-        await a.hosts.check(client, LIMIT, SHARES, now)
-        await b.hosts.check(client, 8, SHARES, now)
-        await a.hosts.check(client, LIMIT, SHARES, now)
+        await a.hosts.check(client, LIMIT, SHARES)
+        await b.hosts.check(client, 8, SHARES)
+        await a.hosts.check(client, LIMIT, SHARES)
         assert a.hosts.differ == {"host-b/1": ["outbound_limit 8 (not 6)"]}
         assert b.hosts.differ == {"host-a/1": ["outbound_limit 6 (not 8)"]}
         # Put right (b restarted with the fleet's limit), the flag goes.
-        await b.hosts.check(client, LIMIT, SHARES, now)
-        await a.hosts.check(client, LIMIT, SHARES, now)
+        await b.hosts.check(client, LIMIT, SHARES)
+        await a.hosts.check(client, LIMIT, SHARES)
         assert a.hosts.differ == {}
     finally:
         for coordinator in (a, b):

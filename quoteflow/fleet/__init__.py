@@ -106,9 +106,10 @@ are served first come, first served per supplier.
 (``safe.py``, Doorman's safe capacity): the limit and each share divided by
 the live workers the last sync reported, rounded down, at least 1. Never the
 whole limit: the workers together stay within it however many lose Redis at
-once. Its waiters are re-checked against that at once. For ``LEASE_TRUST``
-and a budget after going down it keeps within its own leases too, since the
-others may still be starting attempts on theirs (``FleetSlots.go_local``).
+once. Its waiters are re-checked against that at once. For
+``timing.narrow`` after going down it keeps within its own leases too, since
+the others may still be starting attempts on theirs, or running those granted
+beside its ghost (``FleetSlots.go_local``).
 It tries a sync ``RETRY_SOON`` later, then every ``RECONNECT`` seconds (a
 worker back within ``TTL`` keeps its record); the first that succeeds reports
 what it holds right now and brings the leases back (``coordination_up``) —

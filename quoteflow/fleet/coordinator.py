@@ -38,9 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("quoteflow")
 
-PAST_GRACE_EVERY = 60.0
-"""Seconds between two warnings that a worker is still on its own past the outage grace."""
-
 
 class Coordinator:
     """One worker's link to the fleet: the Redis client, the script, heartbeat and listener.
@@ -99,7 +96,7 @@ class Coordinator:
             # within _call_most, tries again RECONNECT later and reports
             # within _call_most more. Until then it may be on its own.
             rejoin=timing.RECONNECT + 2 * self._call_most,
-            narrow=timing.LEASE_TRUST + settings.budget,
+            narrow=timing.narrow(settings.budget, settings.cart_budget),
             cart_slots=settings.carts_part,
         )
         self.budgets = {s: self._retry_budget(self.capacities[s]) for s in self._suppliers}
@@ -120,12 +117,12 @@ class Coordinator:
         """Times the fleet moved to another server; outages this worker spent alone past grace."""
         self.on_switch: list[Callable[[], None]] = []
         """Called when the fleet moved to another server: what was leased from the old is void."""
-        self._checked_at, self._server_id = -math.inf, ""  # when, and which server it saw
-        self._past_grace_at = math.inf
+        # When it last looked at the server, which it saw, and the last switch counted.
+        self._checked_at, self._server_id, self._switched_to = -math.inf, "", ""
         self.workers = 0
         """Live workers the last sync saw, this one included."""
         self._down_since: float | None = None
-        self._closing = False
+        self._closing = self._forced = False
         self._redis: Redis | None = None
         self._sentinels: Sentinel | None = None
         self._script: AsyncScript | None = None
@@ -134,11 +131,9 @@ class Coordinator:
         self._tasks: set[asyncio.Task[None]] = set()
         self._listener: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
-        self._due = math.inf
+        self._due = self._past_grace_at = math.inf
         self._timer: asyncio.TimerHandle | None = None
-        self._announced_at = -math.inf
-        self._synced_at = -math.inf
-        self._forced = False
+        self._announced_at = self._synced_at = -math.inf
         self._generation = 0
 
     async def start(self) -> None:
@@ -360,6 +355,8 @@ class Coordinator:
                 reply = await self._script(keys=self._keys, args=args)
         except self._errors as exc:
             self.syncs["failed"] += 1
+            if self._sentinels is not None:  # ask them again: a refusing primary may be the old
+                await self.redis.connection_pool.disconnect(inuse_connections=False)
             self._lost(f"{type(exc).__name__}: {exc}".strip(), slow=isinstance(exc, self._slow))
             return
         self.syncs["late_loop" if deadline.loop_was_late else "ok"] += 1
@@ -372,7 +369,7 @@ class Coordinator:
         if reply[4]:
             self._announced_at = self._loop.time()
         if reply[6]:
-            self.switched(self.worker_id)
+            self.switched(self.worker_id, self._server_id)
         per = [reply[HEAD + PER * index : HEAD + PER * (index + 1)] for index in range(n)]
         soon = self.slots.apply(
             granted=[int(p[0]) for p in per],
@@ -394,7 +391,7 @@ class Coordinator:
             if self._down_since is not None and self._redis is not None:
                 # Connections that sat idle in the pool through the outage may
                 # be dead without a word; the next sync would fail on one.
-                await self._redis.connection_pool.disconnect(inuse_connections=False)
+                await self.redis.connection_pool.disconnect(inuse_connections=False)
             self._found()
         if soon is not None:
             self.request_sync(soon)
@@ -434,7 +431,7 @@ class Coordinator:
         assert self._down_since is not None
         if self._past_grace_at == self._down_since + self.settings.redis_outage_grace:
             self.past_grace += 1
-        self._past_grace_at = self._loop.time() + PAST_GRACE_EVERY
+        self._past_grace_at = self._loop.time() + timing.PAST_GRACE_EVERY
         fields = {"worker": self.worker_id, "down_s": round(self._loop.time() - self._down_since)}
         fields["grace_s"] = self.settings.redis_outage_grace
         log_event(log, logging.WARNING, "coordination_past_grace", fields)
@@ -449,14 +446,16 @@ class Coordinator:
         if self._down_since is not None:
             fields["down_s"] = round(self._loop.time() - self._down_since, 3)
             self._down_since = None
-            self._past_grace_at = math.inf
             # The listener may sit on a connection that died without a word.
             self._relisten()
         log_event(log, logging.INFO, "coordination_up", fields)
 
-    def switched(self, by: str) -> None:
-        """The fleet is on another server: the script began the quiet period and told every
+    def switched(self, by: str, server: str) -> None:
+        """The fleet is on ``server`` now: the script began the quiet period and told every
         worker; what this worker leased of any rate from the old server is void (``on_switch``)."""
+        if server == self._switched_to:
+            return  # learnt twice: from another's message and from its own look
+        self._switched_to = self._server_id = server
         self.switches += 1
         for void in self.on_switch:
             void()
@@ -483,7 +482,8 @@ class Coordinator:
         )
 
     def _heard(self, data: bytes) -> None:
-        kind, _, sender = data.partition(b" ")
+        kind, _, rest = data.partition(b" ")
+        sender, _, server = rest.partition(b" ")
         if kind == b"paused":
             pause = pause_of(data, self._id_bytes)
             if pause is not None and self.pauses is not None and pause[0] in self.shares:
@@ -491,8 +491,7 @@ class Coordinator:
         elif sender == self._id_bytes:
             return
         elif kind == b"switched":
-            self._server_id = ""  # its next look learns the new one without counting it again
-            self.switched(sender.decode(errors="replace"))
+            self.switched(sender.decode(errors="replace"), server.decode(errors="replace"))
             self.request_sync(0.0, force=True)  # it must learn what we hold
         elif self.slots.heard(kind):
             self.request_sync(0.0, force=True)

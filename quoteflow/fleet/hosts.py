@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import socket
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
@@ -82,8 +81,14 @@ class HostCheck:
         self.differ: dict[str, list[str]] = {}
         """Masters whose statement contradicts ours, with what differs."""
 
-    async def check(self, redis: Redis, limit: int, shares: Mapping[str, int], now_ms: int) -> None:
-        """State ours, read every live statement, and flag what contradicts ours."""
+    async def check(self, redis: Redis, limit: int, shares: Mapping[str, int]) -> None:
+        """State ours, read every live statement, and flag what contradicts ours.
+
+        One clock for every host, Redis' own; of each other master only its
+        newest statement counts (workers a reload retired still have theirs).
+        """
+        seconds, micros = await redis.time()
+        now_ms = seconds * 1000 + micros // 1000
         own = {"prefix": self.prefix, "limit": limit, "shares": dict(shares)}
         stated = json.dumps({**own, "master": self.master, "at": now_ms})
         async with redis.pipeline(transaction=False) as pipe:
@@ -91,21 +96,27 @@ class HostCheck:
             pipe.pexpire(HOSTS_KEY, round(STALE * 1000))
             pipe.hgetall(HOSTS_KEY)
             _, _, everyone = await pipe.execute()
-        differ: dict[str, list[str]] = {}
+        newest: dict[str, dict[str, Any]] = {}
         stale = []
         for worker, raw in everyone.items():
             try:
                 other = json.loads(raw)
                 if now_ms - other["at"] > STALE * 1000:
                     stale.append(worker)
-                elif other["master"] != self.master:
-                    found = differences(own, other)
-                    if found:
-                        differ.setdefault(other["master"], found)
+                elif (
+                    other["master"] != self.master
+                    and other["at"] >= newest.get(other["master"], {"at": -1})["at"]
+                ):
+                    newest[other["master"]] = other
             except (ValueError, KeyError, TypeError):
                 continue  # not ours to judge: another version's statement
         if stale:
             await redis.hdel(HOSTS_KEY, *stale)
+        differ = {}
+        for master, other in newest.items():
+            found = differences(own, other)
+            if found:
+                differ[master] = found
         for master, found in differ.items():
             if self.differ.get(master) != found:
                 fields = {"worker": self.worker_id, "other_host": master, "differs": found}
@@ -132,4 +143,4 @@ class HostCheck:
                 continue  # Redis away: the coordinator says so already
             with contextlib.suppress(*errors):
                 async with asyncio.timeout(call_limit):
-                    await self.check(redis, limit, shares, round(time.time() * 1000))
+                    await self.check(redis, limit, shares)

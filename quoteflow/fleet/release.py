@@ -22,7 +22,8 @@ for _, id in ipairs(redis.call('HKEYS', KEYS[2])) do
   if string.sub(id, 1, #ARGV[1]) == ARGV[1] then
     redis.call('HDEL', KEYS[2], id)
     redis.call('ZREM', KEYS[1], id)
-    redis.call('ZREM', KEYS[5], id)
+    redis.call('HDEL', KEYS[5], id)
+    redis.call('HDEL', KEYS[8], id)
     freed = freed + 1
   end
 end
@@ -38,4 +39,4 @@ def release_process(client: Any, prefix: str, pid: int, host: str | None = None)
     Returns how many records went (0: it had said goodbye, or never joined).
     """
     owner = f"{host or socket.gethostname()}/{pid}/"
-    return int(client.eval(RELEASE, 7, *keys(prefix), owner, f"{prefix}:freed"))
+    return int(client.eval(RELEASE, 8, *keys(prefix), owner, f"{prefix}:freed"))

@@ -3,12 +3,16 @@
 KEYS, all under the fleet's prefix ``<p>``:
 
     <p>:workers   ZSET    live worker id → expiry (ms, Redis' clock)
-    <p>:state     HASH    worker id → "name held want pool ... <ms> <workers> <rank>"
+    <p>:state     HASH    worker id → "name held want pool ... <ms of this record>"
     <p>:tokens    HASH    retry or hedge bucket → level
     <p>:epoch     STRING  when this state began (missing: Redis was emptied)
-    <p>:ghosts    ZSET    worker id → end of its grace (ms): one cut off, still held back
-    <p>:server    STRING  run id of the server the fleet last synced on
+    <p>:ghosts    HASH    worker id → "<end of its grace, ms> <its part of the limit>":
+                          one whose record lapsed, held back as it may still send
+    <p>:server    STRING  "<run id> <s|f>": the server the fleet last synced on (s: found
+                          by a switch)
     <p>:switched  STRING  when the fleet last found itself on another server (ms)
+    <p>:safe      HASH    worker id → "<total> <total before> name now before ...": its
+                          safe share by its last two syncs, each by its own catalogue
 
 ARGV: worker id, ttl ms, limit, want-fresh ms, quiet ms, joined (0/1),
 leaving (0/1), channel, n entries, may announce ``wanted`` (0/1), outage
@@ -52,7 +56,7 @@ one whose connections moved over without an error finds it within this.
 
 def keys(prefix: str) -> list[str]:
     """The script's KEYS, in its order (the module's docstring)."""
-    names = ("workers", "state", "tokens", "epoch", "ghosts", "server", "switched")
+    names = ("workers", "state", "tokens", "epoch", "ghosts", "server", "switched", "safe")
     return [f"{prefix}:{name}" for name in names]
 
 

@@ -19,72 +19,104 @@ for i = 1, n do
     tonumber(ARGV[b + 8])
 end
 
--- "atlas 2 1 0.5 boreal 0 0 3 cedar 1 0 2 <ms> <workers> <rank> [<total>]"
---   -> {name -> {held, want, pool}}, ms, workers, rank, total (a ghost's only)
--- workers and rank: what the worker knew at that sync, so its safe share (safe.py).
+-- "atlas 2 1 0.5 boreal 0 0 3 cedar 1 0 2 <ms>" -> {name -> {held, want, pool}}, ms
 local function parse(record)
   local f = {}
   for token in string.gmatch(record, '%S+') do f[#f + 1] = token end
-  local last = #f - (#f - 1) % 4
   local entry = {}
-  for i = 1, last - 1, 4 do
+  for i = 1, #f - 1, 4 do
     entry[f[i]] = {tonumber(f[i + 1]), tonumber(f[i + 2]), tonumber(f[i + 3])}
   end
-  return entry, tonumber(f[last]), tonumber(f[last + 1]), tonumber(f[last + 2]),
-    tonumber(f[last + 3])
+  return entry, tonumber(f[#f])
 end
 
 -- safe.py's safe_share: what a worker that knew ``workers`` (its place ``rank``)
 -- may send on its own; the outbound limit's with no rank.
 local function safe(cap, workers, rank)
-  if not workers or workers <= 0 then return 1 end
+  if workers <= 0 then return 1 end
   local part = math.floor(cap / workers)
   if part > 0 or not rank then return math.max(1, part) end
   if rank < cap then return 1 end
   return 0
 end
 
+-- <p>:safe, "<total> <total before> atlas 1 1 boreal 2 1 ...": what a worker
+-- would send on its own, as its last two syncs told it (a reply may be lost),
+-- each by its own catalogue. -> {total = the larger, per = {name -> the larger}}
+local function parse_safe(text)
+  if not text then return nil end
+  local f = {}
+  for token in string.gmatch(text, '%S+') do f[#f + 1] = token end
+  local known = {total = math.max(tonumber(f[1]), tonumber(f[2])), per = {}, now = {}}
+  for i = 3, #f - 2, 3 do
+    known.per[f[i]] = math.max(tonumber(f[i + 1]), tonumber(f[i + 2]))
+    known.now[f[i]] = tonumber(f[i + 1])
+  end
+  known.now_total = tonumber(f[1])
+  return known
+end
+
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
 -- (2) A worker silent for ttl may be cut off alone, still sending on its own
--- within the larger of its last holdings and its safe share: for grace_ms it
--- stays, as a ghost holding that much. Then it is gone, with what it held.
--- (One that said goodbye, or that its master saw die, is dropped at once.)
+-- within the larger of its last holdings and its safe share: for grace_ms after
+-- its record lapsed it stays, as a ghost holding that much (of the limit, no
+-- more than it could send in all). Then it is gone, with what it held. One that
+-- said goodbye, or that its master saw die, is dropped at once. A record is
+-- judged by its own time too, should <p>:workers itself have lapsed. A worker
+-- whose safe share is unknown (older code) is held to the whole share.
 local share_of = {}
 for i = 1, n do share_of[names[i]] = shares[i] end
-local dropped = 0
-local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
-for _, wid in ipairs(dead) do
-  local record = redis.call('HGET', KEYS[2], wid)
-  if record and grace_ms > 0 then
-    local entry, at, workers, rank = parse(record)
-    local parts, held_sum, kept_sum = {}, 0, 0
-    for name, hw in pairs(entry) do
-      local kept = hw[1]
-      if share_of[name] then kept = math.max(kept, safe(share_of[name], workers, rank)) end
-      held_sum, kept_sum = held_sum + hw[1], kept_sum + kept
-      parts[#parts + 1] = name .. ' ' .. kept .. ' 0 ' .. hw[3]
-    end
-    local total = math.min(kept_sum, math.max(held_sum, safe(limit, workers)))
-    parts[#parts + 1] = (at or now) .. ' ' .. (workers or 0) .. ' ' .. (rank or 0) .. ' ' .. total
-    redis.call('HSET', KEYS[2], wid, table.concat(parts, ' '))
-    redis.call('ZADD', KEYS[5], now + grace_ms, wid)
-  elseif record then
-    for _, hw in pairs(parse(record)) do dropped = dropped + hw[1] end
-    redis.call('HDEL', KEYS[2], wid)
-  end
+local expiry, ghosts = {}, {}
+local z = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+for k = 1, #z, 2 do expiry[z[k]] = tonumber(z[k + 1]) end
+local g = redis.call('HGETALL', KEYS[5])
+for k = 1, #g, 2 do
+  local ends, total = string.match(g[k + 1], '^(%S+) (%S+)$')
+  ghosts[g[k]] = {tonumber(ends), tonumber(total)}
+end
+local dropped, changed = 0, false
+local function forget(wid, entry)
+  for _, hw in pairs(entry) do dropped = dropped + hw[1] end
+  redis.call('HDEL', KEYS[2], wid)
+  redis.call('HDEL', KEYS[5], wid)
+  redis.call('HDEL', KEYS[8], wid)
   redis.call('ZREM', KEYS[1], wid)
+  ghosts[wid], changed = nil, true
 end
-for _, wid in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)) do
-  local record = redis.call('HGET', KEYS[2], wid)
-  if record then
-    for _, hw in pairs(parse(record)) do dropped = dropped + hw[1] end
-    redis.call('HDEL', KEYS[2], wid)
+local rows = redis.call('HGETALL', KEYS[2])
+for k = 1, #rows, 2 do
+  local wid = rows[k]
+  if wid ~= id then
+    local entry, at = parse(rows[k + 1])
+    local lapse = expiry[wid] or (at + ttl)
+    if ghosts[wid] then
+      if ghosts[wid][1] <= now then forget(wid, entry) end
+    elseif lapse <= now then
+      if now < lapse + grace_ms then
+        local known = parse_safe(redis.call('HGET', KEYS[8], wid))
+        local parts, held_sum, kept_sum = {}, 0, 0
+        for name, hw in pairs(entry) do
+          local own = hw[1]
+          if known then own = known.per[name] or 0 elseif share_of[name] then own = share_of[name] end
+          local kept = math.max(hw[1], own)
+          held_sum, kept_sum = held_sum + hw[1], kept_sum + kept
+          parts[#parts + 1] = name .. ' ' .. kept .. ' 0 ' .. hw[3]
+        end
+        parts[#parts + 1] = at
+        local total = math.min(kept_sum, math.max(held_sum, known and known.total or limit))
+        redis.call('HSET', KEYS[2], wid, table.concat(parts, ' '))
+        redis.call('HSET', KEYS[5], wid, (lapse + grace_ms) .. ' ' .. total)
+        redis.call('ZREM', KEYS[1], wid)
+        ghosts[wid], changed = {lapse + grace_ms, total}, true
+      else
+        forget(wid, entry)
+      end
+    end
   end
-  redis.call('ZREM', KEYS[5], wid)
 end
-redis.call('ZREM', KEYS[5], id)
+redis.call('HDEL', KEYS[5], id)
 
 -- An emptied Redis (restart, FLUSHALL) has no epoch. Found so by a worker that
 -- had joined, it grants nothing for quiet_ms: every holder reports first.
@@ -95,26 +127,33 @@ if not epoch then
   if joined then epoch, reset = now, true end
   redis.call('SET', KEYS[4], epoch)
 end
--- A promoted replica (or a restart from disk) holds the fleet's keys as they
--- were some writes ago, the epoch among them: found by its run id differing
--- from the one the fleet last ran on. Treated as an emptied Redis, and every
--- rate as just spent (quota.lua reads <p>:switched): no lost write may let a
--- supplier or a caller receive more than promised.
+-- A promoted replica holds the fleet's keys as they were some writes ago, the
+-- epoch among them: found by its run id differing from the one the fleet last
+-- ran on (<p>:server, "<run id> s" after a switch). Treated as an emptied Redis,
+-- and every rate as just spent (quota.lua reads <p>:switched): no lost write
+-- may let a supplier or a caller receive more than promised. INFO refused (an
+-- ACL, a renamed command) or without a run id: no switch can be found.
 local switched, moved, run_id = false, false, ''
 if check_server then
-  run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+  local info = redis.pcall('INFO', 'server')
+  if type(info) == 'string' then run_id = string.match(info, 'run_id:(%x+)') or '' end
+end
+if run_id ~= '' then
   local known = redis.call('GET', KEYS[6])
-  if known ~= run_id then
+  local known_id, kind = '', ''
+  if known then known_id, kind = string.match(known, '^(%S+) ?(%S*)$') end
+  if known_id ~= run_id then
     -- Whoever finds it first, a worker just started included: the others learn it.
     if known and not reset then
       switched, reset, epoch = true, true, now
       redis.call('SET', KEYS[4], epoch)
     end
-    redis.call('SET', KEYS[6], run_id)
+    kind = switched and 's' or 'f'
+    redis.call('SET', KEYS[6], run_id .. ' ' .. kind)
   end
-  -- This worker last synced on another server, though the fleet found it out
-  -- already (its message may have gone to a subscription on the old one).
-  moved = switched or (last_server ~= '' and last_server ~= run_id)
+  -- This worker last synced on the old server, though the fleet found the
+  -- switch already (its message may have gone to a subscription on the old one).
+  moved = switched or (kind == 's' and last_server ~= '' and last_server ~= run_id)
 end
 if switched then redis.call('SET', KEYS[7], now, 'PX', 86400000) end
 local quiet = now < epoch + quiet_ms
@@ -135,10 +174,11 @@ end
 -- (4) Everyone else: what they hold, and what they want if they said so lately.
 local held_all, total_all, others, others_want, pools = {}, 0, {}, 0, {}
 for i = 1, n do held_all[names[i]], pools[names[i]] = 0, 0 end
-local rows = redis.call('HGETALL', KEYS[2])
+if changed then rows = redis.call('HGETALL', KEYS[2]) end
 for k = 1, #rows, 2 do
   if rows[k] ~= id then
-    local entry, at, _, _, ghost_total = parse(rows[k + 1])
+    local entry, at = parse(rows[k + 1])
+    local ghost = ghosts[rows[k]]
     local live = at + fresh > now
     local demand = {id = rows[k], total = 0, per = {}}
     for name, hw in pairs(entry) do
@@ -150,11 +190,11 @@ for k = 1, #rows, 2 do
       demand.total = demand.total + hw[1] + w
       others_want = others_want + w
     end
-    if ghost_total then
+    if ghost then
       -- A ghost holds its whole safe share of each supplier, but no more of the
       -- limit than it could send in all.
-      total_all = total_all - demand.total + ghost_total
-      demand.total = ghost_total
+      total_all = total_all - demand.total + ghost[2]
+      demand.total = ghost[2]
     end
     others[#others + 1] = demand
   end
@@ -163,7 +203,7 @@ end
 local starved, full = false, false
 local function publish()
   if switched then
-    redis.call('PUBLISH', channel, 'switched ' .. id)
+    redis.call('PUBLISH', channel, 'switched ' .. id .. ' ' .. run_id)
   elseif reset then
     redis.call('PUBLISH', channel, 'reset ' .. id)
   elseif others_want > 0 and (lowered or dropped > 0) and not full then
@@ -197,6 +237,7 @@ if #writes > 0 then redis.call('HSET', KEYS[3], unpack(writes)) end
 if bye then
   redis.call('ZREM', KEYS[1], id)
   redis.call('HDEL', KEYS[2], id)
+  redis.call('HDEL', KEYS[8], id)
   local none = {}
   for i = 1, n do none[i] = 0 end
   lower(none)
@@ -310,8 +351,7 @@ for _, o in ipairs(others) do
   if o.id < id then rank = rank + 1 end
 end
 
--- (3) This worker's whole truth, with a new expiry; and what it knows now
--- (the workers, its rank), whence its safe share should it be cut off.
+-- (3) This worker's whole truth, with a new expiry.
 local parts = {}
 for i = 1, n do
   parts[#parts + 1] = names[i]
@@ -320,14 +360,22 @@ for i = 1, n do
   parts[#parts + 1] = string.format('%.3f', pool[i] + taken[i])
 end
 parts[#parts + 1] = now
-parts[#parts + 1] = #others + 1
-parts[#parts + 1] = rank
 redis.call('HSET', KEYS[2], id, table.concat(parts, ' '))
 redis.call('ZADD', KEYS[1], now + ttl, id)
--- Keys of a fleet that stopped altogether vanish on their own.
-redis.call('PEXPIRE', KEYS[1], 10 * ttl)
-redis.call('PEXPIRE', KEYS[2], 10 * ttl + grace_ms)
-redis.call('PEXPIRE', KEYS[5], 10 * ttl + grace_ms)
+-- What it would send on its own, should this be its last sync: by what this
+-- reply tells it, or (the reply lost) by what the one before did.
+local workers_now = #others + 1
+local before = parse_safe(redis.call('HGET', KEYS[8], id))
+local known = {safe(limit, workers_now), before and before.now_total or safe(limit, workers_now)}
+for i = 1, n do
+  local mine = safe(shares[i], workers_now, rank)
+  known[#known + 1] = names[i] .. ' ' .. mine .. ' ' .. (before and before.now[names[i]] or mine)
+end
+redis.call('HSET', KEYS[8], id, table.concat(known, ' '))
+-- Keys of a fleet that stopped altogether vanish on their own, together.
+for key = 1, 8 do
+  if key ~= 3 and key ~= 7 then redis.call('PEXPIRE', KEYS[key], 10 * ttl + grace_ms) end
+end
 
 local announced = publish()
 

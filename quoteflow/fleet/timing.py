@@ -69,3 +69,19 @@ nothing for this long — its calls wait for a slot as long as their
 deadlines allow — then, Redis still silent, one attempt at a time (the
 documented case of a worker started while Redis is away).
 """
+PAST_GRACE_EVERY: Final = 60.0
+"""Seconds between two warnings that a worker is still on its own past the outage grace."""
+
+
+def narrow(budget: float, cart_budget: float) -> float:
+    """Seconds a worker gone local keeps within its own leases before its whole safe share.
+
+    Cut off alone, its record lapses ``TTL`` after its last sync and becomes a
+    ghost; the others' next sync (a ``HEARTBEAT``, and one more for the
+    conversion's) cuts what they are granted beyond it, and their attempts
+    already sent run on — a single quote's for up to its budget, a cart's call
+    for up to the cart's. Until then the slots its safe share would add may be
+    theirs. (Redis gone for every worker: their leases lapse sooner, at
+    ``LEASE_TRUST``.)
+    """
+    return TTL + 2 * HEARTBEAT + max(budget, cart_budget)
