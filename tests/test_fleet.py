@@ -49,9 +49,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 REDIS_TIMEOUT = 0.2
 """Generous for a loaded test machine: a slow call here must not look like Redis down."""
-NARROW = narrow(Settings().budget, Settings().cart_budget)
+NARROW = narrow(Settings().budget)
 """Seconds a worker gone local keeps within its own leases, at the default budgets."""
-QUICK: dict[str, Any] = {"budget": 0.3, "cart_budget": 0.3}
+QUICK: dict[str, Any] = {"budget": 0.3}
 """Short budgets, for tests that wait out a worker's narrowing (``timing.narrow``)."""
 ROTATION_S = 1.0
 """A remainder of a share that does not divide among the workers goes round them this often
@@ -494,7 +494,7 @@ async def test_a_worker_on_its_own_keeps_within_its_leases_while_others_may_use_
                 await asyncio.wait_for(second.slots.acquire("boreal"), 0.1)
             second.slots.release("cedar")
             await asyncio.wait_for(second.slots.acquire("cedar"), 0.1)  # its own lease, again
-            quick = narrow(**QUICK)
+            quick = narrow(QUICK["budget"])
             await wait_until(lambda: second.slots.local_limit == 3, within=quick + 0.5)
             assert time.monotonic() - gone_local >= quick - 0.05
             assert second.slots.local_share == dict.fromkeys(SUPPLIERS, 2)
@@ -525,7 +525,8 @@ async def test_back_from_its_own_a_worker_asks_for_no_more_than_its_safe_share(
                 worker.request_sync(0, force=True)
             await wait_until(lambda: all(w.slots.mode == LOCAL for w in both), within=1.0)
             await wait_until(
-                lambda: all(w.slots.local_limit == 3 for w in both), within=narrow(**QUICK) + 0.5
+                lambda: all(w.slots.local_limit == 3 for w in both),
+                within=narrow(QUICK["budget"]) + 0.5,
             )
             for worker in both:
                 for supplier in suppliers:
@@ -572,7 +573,8 @@ async def test_back_after_a_redis_restart_the_first_worker_still_counts_the_othe
         try:
             await wait_until(lambda: all(w.slots.mode == LOCAL for w in both), within=1.5)
             await wait_until(
-                lambda: all(w.slots.local_limit == 3 for w in both), within=narrow(**QUICK) + 0.5
+                lambda: all(w.slots.local_limit == 3 for w in both),
+                within=narrow(QUICK["budget"]) + 0.5,
             )
             for worker in both:
                 for supplier in suppliers:
@@ -1034,7 +1036,7 @@ async def test_a_worker_cut_off_alone_adds_nothing_to_any_share(
         lost._script = no_answer  # type: ignore[assignment]
         await wait_until(lambda: not lost.up, within=2.0)
         # Past its record's lapse and its widening to the safe share, with room.
-        await asyncio.sleep(narrow(**QUICK) + 0.5)
+        await asyncio.sleep(narrow(QUICK["budget"]) + 0.5)
         assert lost.slots.safe_limits()[1] == {"atlas": 0, "boreal": 2, "cedar": 1}
         assert all(meter.peak[supplier] <= share for supplier, share in shares.items()), dict(
             meter.peak

@@ -96,7 +96,7 @@ class Coordinator:
             # within _call_most, tries again RECONNECT later and reports
             # within _call_most more. Until then it may be on its own.
             rejoin=timing.RECONNECT + 2 * self._call_most,
-            narrow=timing.narrow(settings.budget, settings.cart_budget),
+            narrow=timing.narrow(settings.budget),
             cart_slots=settings.carts_part,
         )
         self.budgets = {s: self._retry_budget(self.capacities[s]) for s in self._suppliers}

@@ -73,15 +73,17 @@ PAST_GRACE_EVERY: Final = 60.0
 """Seconds between two warnings that a worker is still on its own past the outage grace."""
 
 
-def narrow(budget: float, cart_budget: float) -> float:
+def narrow(budget: float) -> float:
     """Seconds a worker gone local keeps within its own leases before its whole safe share.
 
     Cut off alone, its record lapses ``TTL`` after its last sync and becomes a
     ghost; the others' next sync (a ``HEARTBEAT``, and one more for the
     conversion's) cuts what they are granted beyond it, and their attempts
-    already sent run on — a single quote's for up to its budget, a cart's call
-    for up to the cart's. Until then the slots its safe share would add may be
-    theirs. (Redis gone for every worker: their leases lapse sooner, at
-    ``LEASE_TRUST``.)
+    already sent run on, each for up to a budget. Until then the slots its
+    safe share would add may be theirs. (Redis gone for every worker: their
+    leases lapse sooner, at ``LEASE_TRUST``.) Each second of it costs goodput
+    while Redis is down for everyone: a worker holds few leases when its
+    suppliers answer fast. A cart's call may run past the budget, up to its
+    supplier's read timeout: that overlap is left open.
     """
-    return TTL + 2 * HEARTBEAT + max(budget, cart_budget)
+    return TTL + 2 * HEARTBEAT + budget
