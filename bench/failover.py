@@ -24,7 +24,7 @@ from tests.test_fleet_ha import LIMIT, Meter, Replicated, fleet, until
 
 
 async def one_kill(directory: Path) -> tuple[float, bool]:
-    servers = Replicated(directory)
+    servers = Replicated(directory, introduced=False)  # they find each other, as deployed
     servers.start()
     try:
         settings = Settings(

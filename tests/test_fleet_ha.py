@@ -16,6 +16,7 @@ import contextlib
 import functools
 import random
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -227,8 +228,11 @@ def sentinel_command(config: Path) -> list[str]:
 class Replicated:
     """A primary, a replica and three sentinels (quorum 2, down-after 1 s) on free ports."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, introduced: bool = True) -> None:
+        """``introduced``: each sentinel is told the others and the replica in its config
+        (ready at once); else they find each other as a deployment's do (5 s or so)."""
         self.directory = directory
+        self.introduced = introduced
         self.primary = free_port()
         self.replica = free_port()
         self.sentinels = [free_port() for _ in range(3)]
@@ -256,16 +260,29 @@ class Replicated:
         self.servers[port] = process
 
     def start(self) -> None:
-        self._server(self.primary)
+        # No 5 s wait for more replicas before the first full sync (Redis 7's default).
+        self._server(self.primary, "--repl-diskless-sync-delay", "0")
         self._server(self.replica, "--replicaof", "127.0.0.1", str(self.primary))
-        wait_for(lambda: b"master_link_status:up" in info(self.replica, "replication"))
+        # Replicating, not only linked: a write to the primary reaches the replica.
+        wait_for(lambda: inline(self.primary, "SET", "qf-test:marker", "1") == b"+OK\r\n")
+        wait_for(lambda: b"$1\r\n1" in inline(self.replica, "GET", "qf-test:marker"))
+        # Each sentinel is told the others and the replica (and its own id) up front:
+        # found by their hello messages, every 2 s, they took 5 s more to be ready.
+        ids = {port: f"{port:040x}" for port in self.sentinels}
         for port in self.sentinels:
             config = self.directory / f"sentinel-{port}.conf"
+            others = "".join(
+                f"sentinel known-sentinel qf 127.0.0.1 {other} {ids[other]}\n"
+                for other in self.sentinels
+                if other != port
+            )
+            told = f"sentinel known-replica qf 127.0.0.1 {self.replica}\n{others}"
             config.write_text(
                 f"port {port}\nbind 127.0.0.1\ndir {self.directory}\n"
+                f"sentinel myid {ids[port]}\n"
                 f"sentinel monitor qf 127.0.0.1 {self.primary} 2\n"
                 "sentinel down-after-milliseconds qf 1000\n"
-                "sentinel failover-timeout qf 3000\n"
+                "sentinel failover-timeout qf 3000\n" + (told if self.introduced else "")
             )
             process = subprocess.Popen(
                 sentinel_command(config), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -291,12 +308,15 @@ def knows_all(sentinel: int) -> bool:
 
 
 def info(port: int, section: str) -> bytes:
-    """``INFO section`` over a plain socket (b"" if nobody answers)."""
-    import socket
+    """``INFO section`` (b"" if nobody answers)."""
+    return inline(port, "INFO", section)
 
+
+def inline(port: int, *words: str) -> bytes:
+    """One inline command over a plain socket: its raw reply (b"" if nobody answers)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-            sock.sendall(f"INFO {section}\r\n".encode())
+            sock.sendall(" ".join(words).encode() + b"\r\n")
             sock.settimeout(1)
             return sock.recv(65536)
     except OSError:
