@@ -37,7 +37,7 @@ the batch one (else the first) a need of 7 bought as 10, a price break that make
 100 cheaper than 90 and a cart line of a 5000-reel at a fifth of a cent each;
 then the rates feed down (QuoteFlow keeps its last good table: the answers do not
 change), stale (``no_rate``) and fixed (quoted again). ``make run``'s QuoteFlows
-fetch the feed every 2 s; before a case asserts what a feed change does, the demo
+fetch the feed every second; before a case asserts what a feed change does, the demo
 waits (a bounded while) until that QuoteFlow has taken it: its answer's rate, or
 its ``/metrics`` (``quoteflow_fx_rates_fresh``, ``quoteflow_fx_refresh_failures``).
 
@@ -2345,7 +2345,7 @@ async def cart_outcomes(
 OFFERS_LEAD: Final = (
     "offers, as suppliers quote them: each in its own currency, converted to the answer's "
     "(USD) at the lab's ECB-format rates (GET /fx/eurofxref-daily.xml, fetched by make run's "
-    "QuoteFlows every 2 s), sub-cent prices, minimum orders, order multiples and price "
+    "QuoteFlows every second), sub-cent prices, minimum orders, order multiples and price "
     "breaks; every quote checked against the lab's price lists by docs/api.md's money rule"
 )
 NO_RATES: Final = (
@@ -2539,7 +2539,7 @@ async def _at_the_feeds_rate(
         return (
             [
                 f"boreal's quote was not converted at the feed's USD {usd} within "
-                f"{FX_WITHIN_S:g} s (make run has QuoteFlow fetch the rates every 2 s)"
+                f"{FX_WITHIN_S:g} s (make run has QuoteFlow fetch the rates every second)"
             ],
             result,
             rates,

@@ -14,7 +14,7 @@ tail (``BOREAL_TAIL``, switched on by hand or by ``make demo``). Those three
 start once the lab answers, so the first token fetch finds the token endpoint
 up. Every QuoteFlow prices offers in another
 currency at the lab's daily rates in the ECB's format (``--fx-rates``), fetched
-every ``FX_REFRESH_S`` seconds (``--fx-refresh 2``, not the hourly default), so a
+every ``FX_REFRESH_S`` seconds (``--fx-refresh 1``, not the hourly default), so a
 rate changed at the lab's ``/fx`` control, or a stale or failing feed, shows in
 the answers within seconds (``make demo`` does that). Waits until all answer ``GET
 /health``, prints where they are and ready-to-paste ``curl`` lines, and on
@@ -135,7 +135,7 @@ BOREAL_TAIL: Final = {"kind": "latency", "ms": 200, "sigma": 0.9}
 the 0.8 s budget; what the banner's curl and ``make demo``'s hedge case switch on."""
 
 
-FX_REFRESH_S: Final = 2
+FX_REFRESH_S: Final = 1
 """Seconds between two fetches of the lab's rates by each QuoteFlow (``--fx-refresh``)."""
 
 
