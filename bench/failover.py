@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from quoteflow.config import Settings
-from tests.test_fleet_ha import LIMIT, Meter, Replicated, fleet, until
+from tests.test_fleet import Meter
+from tests.test_fleet_ha import LIMIT, Replicated, fleet, kept, until
 
 
 async def one_kill(directory: Path) -> tuple[float, bool]:
@@ -40,7 +41,7 @@ async def one_kill(directory: Path) -> tuple[float, bool]:
             servers.kill_primary()
             killed = time.monotonic()
             await until(lambda: all(w.up and w.switches >= 1 for w in workers), within=30.0)
-            return time.monotonic() - killed, meter.kept()
+            return time.monotonic() - killed, kept(meter)
     finally:
         servers.stop()
 

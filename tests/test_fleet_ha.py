@@ -11,10 +11,8 @@ own slots: never more in flight than a supplier's share, nor than the limit.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import functools
-import random
 import shutil
 import socket
 import subprocess
@@ -32,41 +30,17 @@ from quoteflow.fleet.hosts import HOSTS_KEY
 from quoteflow.fleet.timing import JOIN_PATIENCE
 from tests.process import free_port
 from tests.redis_server import RedisServer, redis_server_binary
+from tests.test_fleet import Meter
 
 SUPPLIERS = ("atlas", "boreal", "cedar")
 SHARES = {"atlas": 1, "boreal": 4, "cedar": 2}
 LIMIT = 6
 
 
-class Meter:
-    """Attempts in flight across every worker, per supplier, and the highest counts seen."""
-
-    def __init__(self) -> None:
-        self.now: collections.Counter[str] = collections.Counter()
-        self.peak: collections.Counter[str] = collections.Counter()
-        self.total = self.peak_total = 0
-        self.done: collections.Counter[str] = collections.Counter()
-
-    async def keep_busy(self, worker: Coordinator, hold: float = 0.01) -> None:
-        """Attempt after attempt, each at one supplier, as a request's calls take slots."""
-        while True:
-            supplier = random.choice(SUPPLIERS)
-            await worker.slots.acquire(supplier)
-            try:
-                self.now[supplier] += 1
-                self.total += 1
-                self.peak[supplier] = max(self.peak[supplier], self.now[supplier])
-                self.peak_total = max(self.peak_total, self.total)
-                await asyncio.sleep(hold)
-            finally:
-                self.now[supplier] -= 1
-                self.total -= 1
-                worker.slots.release(supplier)
-            self.done[worker.worker_id] += 1
-
-    def kept(self) -> bool:
-        within = all(self.peak[s] <= share for s, share in SHARES.items())
-        return within and self.peak_total <= LIMIT
+def kept(meter: Meter) -> bool:
+    """Whether no supplier ever had more in flight than its share, nor all more than the limit."""
+    within = all(meter.peak[s] <= share for s, share in SHARES.items())
+    return within and meter.peak_total <= LIMIT
 
 
 @contextlib.asynccontextmanager
@@ -78,7 +52,11 @@ async def fleet(settings: list[Settings], meter: Meter) -> AsyncIterator[list[Co
         for coordinator in started:
             await coordinator.start()
         await until(lambda: all(c.up for c in started), within=5.0)
-        load = [asyncio.create_task(meter.keep_busy(c)) for c in started for _ in range(16)]
+        load = [
+            asyncio.create_task(meter.keep_busy(c, 3600, hold=0.01))
+            for c in started
+            for _ in range(16)
+        ]
         yield started
     finally:
         for task in load:
@@ -173,17 +151,17 @@ async def test_two_hosts_one_cut_off_from_redis_keep_every_share(
     try:
         async with fleet([direct, direct, proxied, proxied], meter) as (a1, a2, b1, b2):
             await asyncio.sleep(0.5)
-            assert meter.kept(), (dict(meter.peak), meter.peak_total)
+            assert kept(meter), (dict(meter.peak), meter.peak_total)
             link.sever()
             await until(lambda: not b1.up and not b2.up, within=2.0)
             await asyncio.sleep(2.0)  # past the TTL, the lease trust and a budget
-            assert meter.kept(), (dict(meter.peak), meter.peak_total)
+            assert kept(meter), (dict(meter.peak), meter.peak_total)
             link.cut = False
             await until(lambda: b1.up and b2.up, within=3.0)
             done = meter.done[b1.worker_id] + meter.done[b2.worker_id]
             await until(lambda: meter.done[b1.worker_id] + meter.done[b2.worker_id] > done, 3.0)
             await asyncio.sleep(0.5)
-            assert meter.kept(), (dict(meter.peak), meter.peak_total)
+            assert kept(meter), (dict(meter.peak), meter.peak_total)
             await until(lambda: {c.workers for c in (a1, a2, b1, b2)} == {4}, 3.0)
     finally:
         await link.close()
@@ -383,7 +361,7 @@ async def test_a_failover_keeps_every_share_and_the_fleet_follows_the_promoted_r
             await promoted.aclose()
         done = sum(meter.done[w.worker_id] for w in workers)
         await until(lambda: sum(meter.done[w.worker_id] for w in workers) > done, 3.0)
-        assert meter.kept(), (dict(meter.peak), meter.peak_total)
+        assert kept(meter), (dict(meter.peak), meter.peak_total)
     for writer in accepted:
         writer.transport.abort()
     dead_host.close()

@@ -17,17 +17,15 @@ one worker only, there too.)
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from tests.catalogue_fakes import write_catalogue
+from tests.fleet.load import Load, reset
 from tests.fleet.load import peaks as lab_peaks
-from tests.fleet.load import reset
-from tests.fleet.procs import Gunicorn, RedisServer, start_gunicorn, start_lab, stop
+from tests.fleet.procs import RedisServer, start_gunicorn, start_lab, stop
 from tests.fleet.test_gunicorn_reload import _replaced
 from tests.test_fleet_ha import Link
 
@@ -37,48 +35,6 @@ CONNECTIONS = 16
 BUDGET_S = 0.6
 MARGIN_S = 0.25
 """A loaded machine's margin over the budget (docs/operations.md)."""
-
-
-class Callers:
-    """``CONNECTIONS`` callers on one master until stopped: statuses and the slowest answer."""
-
-    def __init__(self, session: aiohttp.ClientSession, fleet: Gunicorn) -> None:
-        self.session, self.fleet = session, fleet
-        self.statuses: list[int] = []
-        self.slowest = 0.0
-        self.slowest_at: tuple[str, float | None] = ("", None)
-        """The phase of the slowest answer, and the time QuoteFlow says it took (``elapsed_ms``)."""
-        self.longest_ms = 0.0
-        """The longest ``elapsed_ms`` of a 200: QuoteFlow's own time, from reading the request."""
-        self.phase = ""
-        self.dropped = 0
-        self._stop = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
-
-    def start(self) -> None:
-        self._stop.clear()
-        self._tasks = [asyncio.create_task(self._caller()) for _ in range(CONNECTIONS)]
-
-    async def stop(self) -> None:
-        self._stop.set()
-        await asyncio.gather(*self._tasks)
-
-    async def _caller(self) -> None:
-        while not self._stop.is_set():
-            started = time.monotonic()
-            try:
-                async with self.session.post(
-                    f"{self.fleet.url}/api/quotes", json={"quantity": 1}
-                ) as response:
-                    body = await response.read()
-                    self.statuses.append(response.status)
-                took = time.monotonic() - started
-                elapsed = json.loads(body)["elapsed_ms"] if response.status == 200 else None
-                self.longest_ms = max(self.longest_ms, elapsed or 0.0)
-                if took > self.slowest:
-                    self.slowest, self.slowest_at = took, (self.phase, elapsed)
-            except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, TimeoutError):
-                self.dropped += 1  # a kept-alive connection an old worker closed on a HUP
 
 
 async def test_two_masters_keep_every_share_through_a_cut_link_and_a_rolling_reload(
@@ -120,7 +76,7 @@ async def test_two_masters_keep_every_share_through_a_cut_link_and_a_rolling_rel
             connector=aiohttp.TCPConnector(limit=2 * CONNECTIONS),
             timeout=aiohttp.ClientTimeout(total=5),
         ) as session:
-            callers = [Callers(session, host) for host in (host_a, host_b)]
+            callers = [Load(session, host, connections=CONNECTIONS) for host in (host_a, host_b)]
 
             async def phase(name: str, action: Any, seconds: float) -> None:
                 for caller in callers:
