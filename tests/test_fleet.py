@@ -1182,3 +1182,23 @@ async def test_a_leased_slot_no_waiting_single_quote_can_use_goes_to_a_cart_beyo
     assert (slots.carts.held, single.done()) == (2, False)
     single.cancel()
     await asyncio.gather(single, return_exceptions=True)
+
+
+async def test_coming_back_a_worker_claims_what_it_may_still_take_on_its_own() -> None:
+    """The sync that brings a worker back reports its local share as held (used or not, within
+    its safe limit), so Redis frees none of it to others while that round trip is on its way
+    and the worker may still take it; what it does not use goes back as idle slots do."""
+    shares = {"atlas": 1, "boreal": 4, "cedar": 2}
+    slots = FleetSlots(
+        6, shares, SUPPLIERS, need_sync=lambda _: None, lapsed=lambda: None, rejoin=5.0, narrow=0.0
+    )
+    slots.workers, slots.rank = 2, 0
+    slots.go_local()
+    await asyncio.sleep(0.01)  # widened to its safe share: 3 in all; 1, 2 and 1
+    await slots.acquire("cedar")
+    held, _ = slots.report()
+    claimed = dict(zip(SUPPLIERS, held, strict=True))
+    assert claimed["cedar"] >= 1  # in use, always reported
+    assert sum(held) == 3  # its safe limit, not the 4 its safe shares add up to
+    assert all(claimed[s] <= n for s, n in {"atlas": 1, "boreal": 2, "cedar": 1}.items())
+    slots.release("cedar")

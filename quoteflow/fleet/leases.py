@@ -67,16 +67,13 @@ class FleetSlots:
         self.leased_total = 0
         self.allowed = {supplier: self.shares[supplier] for supplier in self._held}
         self.allowed_total = limit
-        self.free = dict.fromkeys(self._held, 0)
-        """Slots the last sync could still have granted us, per supplier."""
-        self.grantable = dict.fromkeys(self._held, 0)
-        """Slots the last sync could have granted us but for the whole limit, per supplier."""
+        self.free, self.grantable = dict.fromkeys(self._held, 0), dict.fromkeys(self._held, 0)
+        """Slots the last sync could still have granted us, per supplier; and but for the limit."""
         self.others_waiting = False
         self.unmet = dict.fromkeys(self._held, 0)
         """Waiters Redis knows of (reported, not granted), per supplier."""
         self._idle = IdleClock(self._held)
-        self._reported = dict.fromkeys(self._held, 0)
-        self._recorded = dict.fromkeys(self._held, 0)
+        self._reported, self._recorded = dict.fromkeys(self._held, 0), dict.fromkeys(self._held, 0)
         """What Redis counts as ours after the last sync, per supplier."""
         self.valid_until = -math.inf
         self._waiters = LocalWaiters(self._held, self.carts, self._linger_over)
@@ -220,11 +217,16 @@ class FleetSlots:
         that happened to come, it would cost the next request a round trip to
         get it again. Outside fleet mode the truth is simply what runs now.
 
-        On its own, and for a while after the leases came back into force,
-        what is asked for stops at the safe share (``safe.capped_wants``).
+        On its own it claims its local share, so the sync that brings it back
+        frees nothing it may still take meanwhile; idle claims go back as
+        idle slots do. On its own, and for a while after the leases came back
+        into force, what is asked for stops at the safe share (``capped_wants``).
         """
         held, want = [], []
         now = time.monotonic()
+        claim = self._held
+        if self.mode == LOCAL:
+            claim = trimmed_leases(claim, self.local_share, self.local_limit, self.local_share)
         # Only leases still in force, and only within our whole fair part: a
         # worker above it gives every idle slot back.
         may_keep = (
@@ -233,7 +235,7 @@ class FleetSlots:
             and self.leased_total <= self.allowed_total
         )
         for supplier in self._held:
-            keep = self._held[supplier]
+            keep = claim[supplier]
             if may_keep and not self._idle.idle_long(supplier, now):
                 keep = max(keep, min(self.leased[supplier], self.allowed[supplier]))
             self.leased[supplier] = self._recorded[supplier] = keep
