@@ -32,7 +32,9 @@ from tests.test_fleet_ha import Link
 SHARES = {"atlas": 1, "boreal": 4, "cedar": 2}
 SWAPPED = {"atlas": 4, "boreal": 1, "cedar": 2}
 CONNECTIONS = 16
-BUDGET_S = 0.6
+BUDGET_S = 0.8
+"""QuoteFlow's default: on a loaded machine a shorter one cuts 120 ms calls at its deadline,
+and a cut call counts at the lab until it sees the close (the documented lag)."""
 MARGIN_S = 0.25
 """A loaded machine's margin over the budget (docs/operations.md)."""
 
@@ -102,8 +104,8 @@ async def test_two_masters_keep_every_share_through_a_cut_link_and_a_rolling_rel
                 await _replaced(host_b)
 
             await phase("both up", None, 0.8)
-            # Past B's records' lapse (1 s), and its own narrowing (lease trust + budget).
-            await phase("B cut off", cut, 2.5)
+            # Past B's records' lapse (1 s), and its own narrowing (timing.narrow: 2.7 s).
+            await phase("B cut off", cut, 3.0)
             await phase("B back", restore, 1.2)
             await phase("rolling reload", rolling_reload, 0.0)
             await phase("swapped", None, 1.2)
