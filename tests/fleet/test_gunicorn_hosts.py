@@ -104,7 +104,7 @@ async def test_two_masters_keep_every_share_through_a_cut_link_and_a_rolling_rel
                 await _replaced(host_b)
 
             await phase("both up", None, 0.8)
-            # Past B's records' lapse (1 s), and its own narrowing (timing.narrow: 2.7 s).
+            # Past B's records' lapse (1 s), and its own narrowing (timing.narrow: 2.5 s).
             await phase("B cut off", cut, 3.0)
             await phase("B back", restore, 1.2)
             await phase("rolling reload", rolling_reload, 0.0)
