@@ -16,32 +16,20 @@ import argparse
 import asyncio
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
-from quoteflow.config import Settings
 from tests.test_fleet import Meter
-from tests.test_fleet_ha import LIMIT, Replicated, fleet, kept, until
+from tests.test_fleet_ha import Replicated, failover, fleet, kept, through_sentinels
 
 
 async def one_kill(directory: Path) -> tuple[float, bool]:
     servers = Replicated(directory, introduced=False)  # they find each other, as deployed
     servers.start()
     try:
-        settings = Settings(
-            redis_sentinel=tuple(("127.0.0.1", port) for port in servers.sentinels),
-            redis_master="qf",
-            outbound_limit=LIMIT,
-            redis_timeout=0.1,
-            budget=0.5,
-        )
+        settings = through_sentinels(tuple(("127.0.0.1", port) for port in servers.sentinels))
         meter = Meter()
         async with fleet([settings, settings], meter) as workers:
-            await asyncio.sleep(0.5)
-            servers.kill_primary()
-            killed = time.monotonic()
-            await until(lambda: all(w.up and w.switches >= 1 for w in workers), within=30.0)
-            return time.monotonic() - killed, kept(meter)
+            return await failover(servers, workers, within=30.0), kept(meter)
     finally:
         servers.stop()
 
