@@ -128,8 +128,7 @@ async def test_two_masters_keep_every_share_through_a_cut_link_and_a_rolling_rel
     for caller in callers:
         assert set(caller.statuses) <= {200, 503}, set(caller.statuses)
         assert caller.statuses.count(200) > 50
+        # QuoteFlow's own time, and the caller's, which also holds waiting to be accepted.
         assert caller.longest_ms <= 1000 * (BUDGET_S + MARGIN_S), caller.longest_ms
-        # As the caller sees it, a connection may also wait to be accepted (a loaded
-        # machine; a HUP's new workers still booting): generous, as timing bounds here are.
-        assert caller.slowest <= BUDGET_S + 1.0, (caller.slowest, caller.slowest_at)
+        assert caller.slowest <= BUDGET_S + MARGIN_S, (caller.slowest, caller.slowest_at)
     assert callers[0].dropped <= 2 * CONNECTIONS
